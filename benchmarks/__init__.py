@@ -1,0 +1,1 @@
+"""Throughput benchmarks: this project beside its Python/PyTorch peers."""

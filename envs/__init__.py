@@ -1,0 +1,41 @@
+"""Pure JAX text environments; nothing here imports ``starpo_jax``.
+
+``make(name, **kwargs)`` builds one by name; see ``envs.core`` for the
+interface every environment implements.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envs.bandit import Bandit
+from envs.core import Env, EnvSpec, TimeStep, check_kwargs, to_text
+from envs.frozen_lake import FrozenLake
+from envs.sokoban import Sokoban
+
+# name -> (class, preset keyword arguments). RAGEN's LargerSokoban is an 8x8
+# room with two boxes.
+REGISTRY: dict[str, tuple[type, dict[str, Any]]] = {
+  "sokoban": (Sokoban, {}),
+  "sokoban_larger": (Sokoban, {"dim_room": (8, 8), "num_boxes": 2}),
+  "frozen_lake": (FrozenLake, {}),
+  "bandit": (Bandit, {}),
+}
+
+
+def make(name: str, **kwargs: Any) -> Env:
+  """Builds a registered environment; kwargs override its preset.
+
+  Raises:
+    ValueError: for an unknown name or argument, or a bad setting.
+  """
+  if name not in REGISTRY:
+    raise ValueError(
+      f"unknown environment {name!r}; registered: {sorted(REGISTRY)}"
+    )
+  cls, preset = REGISTRY[name]
+  check_kwargs(name, cls, kwargs)
+  return cls(**{**preset, **kwargs})
+
+
+__all__ = ["REGISTRY", "Env", "EnvSpec", "TimeStep", "make", "to_text"]

@@ -1,0 +1,37 @@
+"""Test helpers shared across the suite."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import jax
+
+# Traces per counted function name, for compile-once checks.
+TRACES: collections.Counter = collections.Counter()
+
+
+def counted(name: str, fn: Callable) -> Callable:
+  """``fn``, counting in ``TRACES[name]`` each time JAX traces it."""
+
+  def wrapper(*args, **kwargs):
+    TRACES[name] += 1
+    return fn(*args, **kwargs)
+
+  return wrapper
+
+
+def assert_compiles_once(fn: Callable, *calls: tuple) -> list:
+  """Jits ``fn``, calls it with each argument tuple, checks one trace.
+
+  Returns:
+    The outputs of the calls.
+  """
+  name = f"assert_compiles_once:{id(fn)}"
+  TRACES[name] = 0
+  jitted = jax.jit(counted(name, fn))
+  outs = [jitted(*args) for args in calls]
+  assert TRACES[name] == 1, (
+    f"traced {TRACES[name]} times for {len(calls)} calls"
+  )
+  return outs
