@@ -1,0 +1,1 @@
+"""The policy model: transformer, Hugging Face import/export, tokenizers."""

@@ -1,0 +1,679 @@
+"""Hugging Face checkpoints: ``config.json`` plus ``*.safetensors``.
+
+  model = hf.load("/path/to/Qwen2.5-0.5B-Instruct")
+  hf.save(model, "/path/to/export")          # opens in transformers and vLLM
+  python -m starpo_jax.models.hf verify PATH  # logits against transformers
+
+Safetensors files are memory-mapped and converted tensor by tensor (one
+layer at a time for stacked parameters), so a model loads without a second
+full copy in host memory; ``save`` streams tensors to disk the same way.
+Nothing is unpickled: ``.bin`` checkpoints are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from starpo_jax.models import transformer
+from starpo_jax.models.transformer import ModelConfig, RopeScaling, Transformer
+
+ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
+_MODEL_TYPES = {"qwen2": "qwen2", "llama": "llama"}
+_DTYPES = {
+  "F64": np.dtype(np.float64),
+  "F32": np.dtype(np.float32),
+  "F16": np.dtype(np.float16),
+  "BF16": np.dtype(ml_dtypes.bfloat16),
+  "I64": np.dtype(np.int64),
+  "I32": np.dtype(np.int32),
+  "I16": np.dtype(np.int16),
+  "I8": np.dtype(np.int8),
+  "U8": np.dtype(np.uint8),
+  "BOOL": np.dtype(np.bool_),
+}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+# Buffers some checkpoints carry that are not parameters.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+DEFAULT_SHARD_BYTES = 4 << 30
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be loaded; the message names the file or
+  tensor."""
+
+
+# ----------------------------------------------------------------------------
+# config.json
+
+
+def config_from_hf(hf: dict[str, Any], where: str) -> ModelConfig:
+  """``config.json`` contents -> ``ModelConfig``; ``where`` names the file."""
+  archs = hf.get("architectures") or []
+  known = [a for a in archs if a in ARCHITECTURES]
+  if not known:
+    raise CheckpointError(
+      f"{where}: architectures {archs} is not supported; supported: "
+      f"{', '.join(ARCHITECTURES)}"
+    )
+  family = ARCHITECTURES[known[0]]
+
+  def need(key: str) -> Any:
+    if key not in hf:
+      raise CheckpointError(f"{where}: missing key {key!r}")
+    return hf[key]
+
+  if hf.get("hidden_act", "silu") != "silu":
+    raise CheckpointError(
+      f"{where}: hidden_act {hf['hidden_act']!r} is not supported (silu only)"
+    )
+  if family == "qwen2" and hf.get("use_sliding_window"):
+    raise CheckpointError(f"{where}: sliding-window attention is not supported")
+  if family == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
+    raise CheckpointError(
+      f"{where}: Llama attention_bias / mlp_bias are not supported"
+    )
+  heads = need("num_attention_heads")
+  rope = dict(hf.get("rope_parameters") or {})
+  legacy = hf.get("rope_scaling") or {}
+  rope.update({k: v for k, v in legacy.items() if k not in rope})
+  theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
+  kind = rope.get("rope_type", rope.get("type", "default"))
+  scaling = None
+  if kind == "linear":
+    scaling = RopeScaling("linear", float(rope["factor"]))
+  elif kind == "llama3":
+    scaling = RopeScaling(
+      "llama3",
+      float(rope["factor"]),
+      float(rope["low_freq_factor"]),
+      float(rope["high_freq_factor"]),
+      int(rope["original_max_position_embeddings"]),
+    )
+  elif kind != "default":
+    raise CheckpointError(f"{where}: rope type {kind!r} is not supported")
+  dtype = hf.get("dtype", hf.get("torch_dtype", "float32"))
+  eos = hf.get("eos_token_id")
+  return transformer.validate(
+    ModelConfig(
+      vocab_size=need("vocab_size"),
+      hidden_size=need("hidden_size"),
+      num_layers=need("num_hidden_layers"),
+      num_heads=heads,
+      num_kv_heads=hf.get("num_key_value_heads") or heads,
+      head_dim=hf.get("head_dim") or need("hidden_size") // heads,
+      intermediate_size=need("intermediate_size"),
+      family=family,
+      qkv_bias=family == "qwen2",
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      rope_theta=float(theta),
+      rope_scaling=scaling,
+      rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      max_position_embeddings=int(hf.get("max_position_embeddings", 32_768)),
+      dtype="float32",
+      param_dtype="bfloat16" if dtype == "bfloat16" else "float32",
+      bos_token_id=hf.get("bos_token_id"),
+      eos_token_id=eos[0] if isinstance(eos, list) else eos,
+    )
+  )
+
+
+def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
+  """A ``config.json`` for ``cfg`` that transformers (v4 and v5) and vLLM
+  read."""
+  arch = {v: k for k, v in ARCHITECTURES.items()}[cfg.family]
+  rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+  legacy_scaling = None
+  if cfg.rope_scaling is not None:
+    s = cfg.rope_scaling
+    legacy_scaling = {"rope_type": s.kind, "factor": s.factor}
+    if s.kind == "llama3":
+      legacy_scaling.update(
+        low_freq_factor=s.low_freq_factor,
+        high_freq_factor=s.high_freq_factor,
+        original_max_position_embeddings=s.original_max_position_embeddings,
+      )
+    rope.update(legacy_scaling)
+  out = {
+    "architectures": [arch],
+    "model_type": _MODEL_TYPES[cfg.family],
+    "vocab_size": cfg.vocab_size,
+    "hidden_size": cfg.hidden_size,
+    "intermediate_size": cfg.intermediate_size,
+    "num_hidden_layers": cfg.num_layers,
+    "num_attention_heads": cfg.num_heads,
+    "num_key_value_heads": cfg.num_kv_heads,
+    "head_dim": cfg.head_dim,
+    "hidden_act": "silu",
+    "rms_norm_eps": cfg.rms_norm_eps,
+    "max_position_embeddings": cfg.max_position_embeddings,
+    "tie_word_embeddings": cfg.tie_embeddings,
+    "rope_theta": cfg.rope_theta,
+    "rope_scaling": legacy_scaling,
+    "rope_parameters": rope,
+    "torch_dtype": dtype,
+    "dtype": dtype,
+    "bos_token_id": cfg.bos_token_id,
+    "eos_token_id": cfg.eos_token_id,
+    "use_cache": True,
+  }
+  if cfg.family == "llama":
+    out.update(attention_bias=False, mlp_bias=False)
+  else:
+    out.update(use_sliding_window=False)
+  return out
+
+
+# ----------------------------------------------------------------------------
+# safetensors
+
+
+class SafetensorsFile:
+  """A memory-mapped safetensors file, checked against its own header."""
+
+  def __init__(self, path: str) -> None:
+    self.path = path
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+      head = f.read(8)
+      if len(head) < 8:
+        raise CheckpointError(f"{path}: truncated: no safetensors header")
+      (n,) = struct.unpack("<Q", head)
+      if 8 + n > size:
+        raise CheckpointError(
+          f"{path}: truncated: its header needs {8 + n} bytes, the file has "
+          f"{size}"
+        )
+      try:
+        header = json.loads(f.read(n))
+      except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable header: {e}") from None
+    header.pop("__metadata__", None)
+    data = size - 8 - n
+    self.entries: dict[str, tuple[np.dtype, tuple[int, ...], int, int]] = {}
+    for name, info in header.items():
+      if info.get("dtype") not in _DTYPES:
+        raise CheckpointError(
+          f"{path}: tensor {name} has unsupported dtype {info.get('dtype')}"
+        )
+      dtype = _DTYPES[info["dtype"]]
+      shape = tuple(info["shape"])
+      start, end = info["data_offsets"]
+      if end - start != math.prod(shape) * dtype.itemsize:
+        raise CheckpointError(
+          f"{path}: tensor {name} has {end - start} bytes for shape {shape}"
+        )
+      if end > data:
+        raise CheckpointError(
+          f"{path}: truncated: tensor {name} ends at data byte {end} but the "
+          f"file holds {data}"
+        )
+      self.entries[name] = (dtype, shape, start, end)
+    self._data = (
+      np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n, shape=(data,))
+      if data
+      else np.zeros(0, np.uint8)
+    )
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    return self.entries[name][1]
+
+  def get(self, name: str) -> np.ndarray:
+    """The tensor as a read-only view of the mapped file (no copy)."""
+    dtype, shape, start, end = self.entries[name]
+    return self._data[start:end].view(dtype).reshape(shape)
+
+
+def _open_tensors(path: str) -> dict[str, SafetensorsFile]:
+  """Tensor name -> the file holding it, for a model directory."""
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    with open(index) as f:
+      weight_map = json.load(f).get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise CheckpointError(f"{index}: no weight_map")
+    files: dict[str, SafetensorsFile] = {}
+    for name in sorted(set(weight_map.values())):
+      file = os.path.join(path, name)
+      if not os.path.isfile(file):
+        raise CheckpointError(f"{file}: missing (listed in {index})")
+      files[name] = SafetensorsFile(file)
+    out = {}
+    for tensor, name in weight_map.items():
+      if tensor not in files[name].entries:
+        raise CheckpointError(
+          f"{files[name].path}: tensor {tensor} is missing (listed in {index})"
+        )
+      out[tensor] = files[name]
+    return out
+  names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+  if not names:
+    pickled = [n for n in os.listdir(path) if n.endswith((".bin", ".pt"))]
+    hint = " (pickled checkpoints are never loaded: they can run code)"
+    raise CheckpointError(
+      f"{path}: no *.safetensors file{hint if pickled else ''}"
+    )
+  out = {}
+  for name in names:
+    file = SafetensorsFile(os.path.join(path, name))
+    for tensor in file.entries:
+      out[tensor] = file
+  return out
+
+
+def _header(entries: list[tuple[str, np.dtype, tuple[int, ...]]]) -> bytes:
+  header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+  offset = 0
+  for name, dtype, shape in entries:
+    size = math.prod(shape) * dtype.itemsize
+    header[name] = {
+      "dtype": _DTYPE_NAMES[dtype],
+      "shape": list(shape),
+      "data_offsets": [offset, offset + size],
+    }
+    offset += size
+  raw = json.dumps(header, separators=(",", ":")).encode()
+  raw += b" " * (-len(raw) % 8)
+  return struct.pack("<Q", len(raw)) + raw
+
+
+# ----------------------------------------------------------------------------
+# parameter layout
+
+
+class _Entry:
+  """One of our parameters and the Hugging Face tensor(s) it comes from.
+
+  ``to_ours`` / ``to_hf`` convert one tensor (one layer of a stacked
+  parameter).
+  """
+
+  def __init__(
+    self,
+    path: tuple[str, ...],
+    name: str,
+    to_ours: Callable[[np.ndarray], np.ndarray],
+    to_hf: Callable[[np.ndarray], np.ndarray],
+    stacked: bool,
+  ) -> None:
+    self.path, self.name, self.stacked = path, name, stacked
+    self.to_ours, self.to_hf = to_ours, to_hf
+
+  def names(self, num_layers: int) -> list[str]:
+    if self.stacked:
+      return [self.name.format(i=i) for i in range(num_layers)]
+    return [self.name]
+
+
+def _layout(cfg: ModelConfig) -> list[_Entry]:
+  d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  same = lambda w: w
+  transpose = lambda w: w.T
+  layer = "model.layers.{i}."
+  heads_in = lambda n: (
+    lambda w: w.T.reshape(d, n, hd),
+    lambda w: w.reshape(d, n * hd).T,
+  )
+  bias = lambda n: (lambda w: w.reshape(n, hd), lambda w: w.reshape(n * hd))
+  entries = [
+    _Entry(("embed",), "model.embed_tokens.weight", same, same, False),
+    _Entry(("final_norm", "scale"), "model.norm.weight", same, same, False),
+    _Entry(
+      ("layers", "attn_norm", "scale"),
+      layer + "input_layernorm.weight",
+      same,
+      same,
+      True,
+    ),
+    _Entry(
+      ("layers", "mlp_norm", "scale"),
+      layer + "post_attention_layernorm.weight",
+      same,
+      same,
+      True,
+    ),
+    _Entry(
+      ("layers", "attn", "q"),
+      layer + "self_attn.q_proj.weight",
+      *heads_in(h),
+      True,
+    ),
+    _Entry(
+      ("layers", "attn", "k"),
+      layer + "self_attn.k_proj.weight",
+      *heads_in(kv),
+      True,
+    ),
+    _Entry(
+      ("layers", "attn", "v"),
+      layer + "self_attn.v_proj.weight",
+      *heads_in(kv),
+      True,
+    ),
+    _Entry(
+      ("layers", "attn", "o"),
+      layer + "self_attn.o_proj.weight",
+      lambda w: w.T.reshape(h, hd, d),
+      lambda w: w.reshape(h * hd, d).T,
+      True,
+    ),
+    _Entry(
+      ("layers", "mlp", "gate"),
+      layer + "mlp.gate_proj.weight",
+      transpose,
+      transpose,
+      True,
+    ),
+    _Entry(
+      ("layers", "mlp", "up"),
+      layer + "mlp.up_proj.weight",
+      transpose,
+      transpose,
+      True,
+    ),
+    _Entry(
+      ("layers", "mlp", "down"),
+      layer + "mlp.down_proj.weight",
+      transpose,
+      transpose,
+      True,
+    ),
+  ]
+  if cfg.qkv_bias:
+    for name, n in (("q", h), ("k", kv), ("v", kv)):
+      entries.append(
+        _Entry(
+          ("layers", "attn", f"{name}_bias"),
+          layer + f"self_attn.{name}_proj.bias",
+          *bias(n),
+          True,
+        )
+      )
+  if not cfg.tie_embeddings:
+    entries.append(
+      _Entry(("lm_head",), "lm_head.weight", transpose, transpose, False)
+    )
+  return entries
+
+
+def _expected_hf_shape(entry: _Entry, ours: tuple[int, ...]) -> tuple[int, ...]:
+  layer_shape = ours[1:] if entry.stacked else ours
+  return entry.to_hf(np.empty(layer_shape, np.uint8)).shape
+
+
+# ----------------------------------------------------------------------------
+# load / save
+
+
+def read_config(path: str) -> ModelConfig:
+  """The ``ModelConfig`` of a Hugging Face model directory."""
+  if not os.path.isdir(path):
+    raise CheckpointError(f"{path}: no such directory")
+  file = os.path.join(path, "config.json")
+  if not os.path.isfile(file):
+    raise CheckpointError(
+      f"{file}: missing (a model directory needs config.json and *.safetensors)"
+    )
+  try:
+    with open(file) as f:
+      hf = json.load(f)
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{file}: not valid JSON: {e}") from None
+  return config_from_hf(hf, file)
+
+
+def load(
+  path: str,
+  *,
+  dtype: str = "float32",
+  param_dtype: str | None = None,
+  value_head: bool = False,
+  shardings: Any = None,
+) -> Transformer:
+  """Reads a local Hugging Face model directory into a ``Transformer``.
+
+  Args:
+    path: directory with ``config.json`` and one or several safetensors
+      files (with ``model.safetensors.index.json`` when sharded).
+    dtype: compute dtype.
+    param_dtype: storage dtype; defaults to the checkpoint's.
+    value_head: add a zero-initialised value head (a critic).
+    shardings: optional pytree of ``jax.sharding.Sharding`` matching
+      ``nnx.state(model)``; each device then reads only its shard.
+
+  Raises:
+    CheckpointError: naming the file or tensor that is missing, unexpected,
+      of the wrong shape or truncated, or the unsupported setting.
+  """
+  cfg = read_config(path)
+  cfg = cfg.replace(
+    dtype=dtype,
+    param_dtype=param_dtype or cfg.param_dtype,
+    value_head=value_head,
+  )
+  cfg = transformer.validate(cfg)
+  tensors = _open_tensors(path)
+  with nnx.use_eager_sharding(False):
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  flat = dict(nnx.to_flat_state(state))
+  layout = _layout(cfg)
+  used: set[str] = set()
+  default_sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  flat_shardings = (
+    dict(nnx.to_flat_state(shardings)) if shardings is not None else {}
+  )
+  param_dtype_np = np.dtype(jnp.dtype(cfg.param_dtype))
+  for entry in layout:
+    var = flat[entry.path]
+    shape = var.get_value().shape
+    expected = _expected_hf_shape(entry, shape)
+    for name in entry.names(cfg.num_layers):
+      if name not in tensors:
+        raise CheckpointError(f"{path}: tensor {name} is missing")
+      if tensors[name].shape(name) != expected:
+        raise CheckpointError(
+          f"{tensors[name].path}: tensor {name} has shape "
+          f"{tensors[name].shape(name)}, expected {expected} from config.json"
+        )
+      used.add(name)
+    sharding = _sharding_of(flat_shardings.get(entry.path), default_sharding)
+    var.set_value(_read(entry, tensors, shape, param_dtype_np, sharding))
+  for name, file in tensors.items():
+    ignorable = name.endswith(_IGNORED_SUFFIXES) or (
+      cfg.tie_embeddings and name == "lm_head.weight"
+    )
+    if name not in used and not ignorable:
+      raise CheckpointError(f"{file.path}: unexpected tensor {name}")
+  for var in flat.values():
+    value = var.get_value()
+    if isinstance(value, jax.ShapeDtypeStruct):
+      # Parameters not in Hugging Face checkpoints: the value head.
+      var.set_value(jnp.zeros(value.shape, value.dtype))
+  return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _sharding_of(value: Any, default: Any) -> Any:
+  if value is None:
+    return default
+  return value.get_value() if hasattr(value, "get_value") else value
+
+
+def _read(
+  entry: _Entry,
+  tensors: dict[str, SafetensorsFile],
+  shape: tuple[int, ...],
+  dtype: np.dtype,
+  sharding: Any,
+) -> jax.Array:
+  """One parameter, built shard by shard from the mapped tensors."""
+
+  def one(name: str) -> np.ndarray:
+    return entry.to_ours(tensors[name].get(name))
+
+  def callback(index: tuple[slice, ...]) -> np.ndarray:
+    if not entry.stacked:
+      return np.asarray(one(entry.name)[index], dtype)
+    layers = range(shape[0])[index[0]]
+    rest = index[1:]
+    return np.stack(
+      [np.asarray(one(entry.name.format(i=i))[rest], dtype) for i in layers]
+    )
+
+  return jax.make_array_from_callback(shape, sharding, callback)
+
+
+def save(
+  model: Transformer,
+  path: str,
+  *,
+  dtype: str | None = None,
+  max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> None:
+  """Writes ``model`` as a Hugging Face directory (the value head excluded).
+
+  Args:
+    model: the model to export.
+    path: output directory (created if needed).
+    dtype: tensor dtype on disk, ``"float32"`` or ``"bfloat16"``; defaults
+      to the parameters' dtype.
+    max_shard_bytes: larger exports are split into several files with an
+      index, as Hugging Face does.
+  """
+  cfg = model.cfg
+  dtype = dtype or cfg.param_dtype
+  if dtype not in transformer.DTYPES:
+    raise ValueError(
+      f"save: dtype={dtype!r}; expected one of {transformer.DTYPES}"
+    )
+  np_dtype = np.dtype(jnp.dtype(dtype))
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config_to_hf(cfg, dtype), f, indent=2)
+  flat = dict(nnx.to_flat_state(nnx.state(model)))
+  tensors: list[tuple[str, _Entry, int | None]] = []
+  for entry in _layout(cfg):
+    for i, name in enumerate(entry.names(cfg.num_layers)):
+      tensors.append((name, entry, i if entry.stacked else None))
+
+  def shape_of(entry: _Entry) -> tuple[int, ...]:
+    return _expected_hf_shape(entry, flat[entry.path].get_value().shape)
+
+  shards: list[list[tuple[str, _Entry, int | None]]] = [[]]
+  size = 0
+  for item in tensors:
+    nbytes = math.prod(shape_of(item[1])) * np_dtype.itemsize
+    if shards[-1] and size + nbytes > max_shard_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(item)
+    size += nbytes
+  names = (
+    ["model.safetensors"]
+    if len(shards) == 1
+    else [
+      f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+      for k in range(len(shards))
+    ]
+  )
+  weight_map = {}
+  for file_name, shard in zip(names, shards, strict=True):
+    header = _header([(n, np_dtype, shape_of(e)) for n, e, _ in shard])
+    with open(os.path.join(path, file_name), "wb") as f:
+      f.write(header)
+      for name, entry, layer in shard:
+        value = flat[entry.path].get_value()
+        value = value if layer is None else value[layer]
+        array = entry.to_hf(np.asarray(jax.device_get(value)))
+        f.write(np.ascontiguousarray(array, np_dtype).tobytes())
+        weight_map[name] = file_name
+  if len(shards) > 1:
+    total = sum(
+      math.prod(shape_of(e)) * np_dtype.itemsize for _, e, _ in tensors
+    )
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+      json.dump(
+        {"metadata": {"total_size": total}, "weight_map": weight_map},
+        f,
+        indent=2,
+      )
+
+
+def tensor_names(cfg: ModelConfig) -> Iterator[str]:
+  """The Hugging Face tensor names a checkpoint of ``cfg`` holds."""
+  for entry in _layout(cfg):
+    yield from entry.names(cfg.num_layers)
+
+
+# ----------------------------------------------------------------------------
+# verify
+
+
+def verify(path: str, prompt: str) -> dict[str, Any]:
+  """Runs this model and, if installed, transformers on the same prompt.
+
+  Returns:
+    A report: tokens used, and the largest absolute logit difference and
+    top-1 agreement when transformers is available.
+  """
+  from starpo_jax.models import tokenizer as tokenizer_lib
+
+  model = load(path)
+  if os.path.isfile(os.path.join(path, "tokenizer.json")):
+    tokens = tokenizer_lib.Tokenizer.load(path).encode(prompt)
+  else:
+    tokens = [
+      int(t)
+      for t in np.random.default_rng(0).integers(0, model.cfg.vocab_size, 16)
+    ]
+  ours = np.asarray(model(jnp.asarray([tokens], jnp.int32))[0][0])
+  report: dict[str, Any] = {"path": path, "tokens": len(tokens)}
+  try:
+    import torch
+    import transformers
+  except ImportError:
+    report["transformers"] = "not installed: compared nothing"
+    return report
+  ref = transformers.AutoModelForCausalLM.from_pretrained(
+    path, dtype=torch.float32
+  )
+  with torch.no_grad():
+    theirs = ref(torch.tensor([tokens])).logits[0].float().numpy()
+  report["max_abs_logit_diff"] = float(np.max(np.abs(ours - theirs)))
+  report["top1_agreement"] = float(
+    np.mean(ours.argmax(-1) == theirs.argmax(-1))
+  )
+  return report
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m starpo_jax.models.hf")
+  sub = parser.add_subparsers(dest="command", required=True)
+  v = sub.add_parser("verify", help="compare logits with transformers")
+  v.add_argument("path")
+  v.add_argument("--prompt", default="You are solving the Sokoban puzzle.")
+  args = parser.parse_args(argv)
+  try:
+    report = verify(args.path, args.prompt)
+  except CheckpointError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  for key, value in report.items():
+    print(f"{key}: {value}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,547 @@
+"""Decoder-only transformer for the Qwen2 and Llama families, in Flax NNX.
+
+One code path serves a tiny model trained from scratch on a CPU and a 7B
+checkpoint on a TPU pod: RMSNorm, rotary embeddings, grouped-query
+attention, a SwiGLU MLP, tied or untied embeddings, q/k/v biases (Qwen2) and
+an optional scalar value head (PPO's critic).
+
+Layers are stacked along a leading ``layers`` axis and run with a scan, so a
+deep model compiles one layer, not all of them. Parameters carry
+logical axis names (``logical.py``); no mesh axis is named here.
+
+The KV cache is functional: ``logits, cache = model(tokens, cache)``. Each
+sequence of a batch sits at its own position: a call writes its ``T`` tokens
+at ``cache.length[b]`` onwards and advances ``length`` by ``num_new[b]``
+(the chunk's real tokens; the rest of the chunk is padding that later writes
+overwrite and no real token attends to).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from starpo_jax.models import logical as ax
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """Rotary frequency scaling, as in Hugging Face's ``rope_scaling``.
+
+  ``kind`` is ``"linear"`` (positions divided by ``factor``) or ``"llama3"``
+  (Llama 3.1+ wavelength-dependent scaling).
+  """
+
+  kind: str
+  factor: float
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shapes and numerics of a decoder.
+
+  ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype.
+  """
+
+  vocab_size: int
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  intermediate_size: int
+  family: str = "qwen2"  # "qwen2" or "llama": the Hugging Face architecture
+  qkv_bias: bool = False
+  tie_embeddings: bool = False
+  rope_theta: float = 10_000.0
+  rope_scaling: RopeScaling | None = None
+  rms_norm_eps: float = 1e-6
+  max_position_embeddings: int = 32_768
+  value_head: bool = False
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  bos_token_id: int | None = None
+  eos_token_id: int | None = None
+
+  def replace(self, **kwargs: Any) -> ModelConfig:
+    return dataclasses.replace(self, **kwargs)
+
+  def num_params(self) -> int:
+    """Parameter count (the value head excluded)."""
+    d, h, kv, hd = (
+      self.hidden_size,
+      self.num_heads,
+      self.num_kv_heads,
+      (self.head_dim),
+    )
+    attn = d * hd * (h + 2 * kv) + h * hd * d
+    if self.qkv_bias:
+      attn += hd * (h + 2 * kv)
+    layer = attn + 3 * d * self.intermediate_size + 2 * d
+    embed = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+    return self.num_layers * layer + embed + d
+
+
+FAMILIES = ("qwen2", "llama")
+DTYPES = ("float32", "bfloat16")
+
+_LLAMA32_ROPE = RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
+
+# Model presets in one place. ``tiny`` trains from scratch on a 2-core CPU;
+# its vocabulary comes from the tokenizer it is paired with. The others have
+# the shapes of the named Hugging Face checkpoints (random weights unless
+# loaded with ``hf.load``).
+PRESETS: dict[str, ModelConfig] = {
+  "tiny": ModelConfig(
+    vocab_size=0,
+    hidden_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    intermediate_size=384,
+    qkv_bias=True,
+    tie_embeddings=True,
+    rope_theta=10_000.0,
+    max_position_embeddings=4096,
+  ),
+  "qwen2.5-0.5b": ModelConfig(
+    vocab_size=151_936,
+    hidden_size=896,
+    num_layers=24,
+    num_heads=14,
+    num_kv_heads=2,
+    head_dim=64,
+    intermediate_size=4864,
+    qkv_bias=True,
+    tie_embeddings=True,
+    rope_theta=1_000_000.0,
+    bos_token_id=151_643,
+    eos_token_id=151_645,
+  ),
+  "qwen2.5-1.5b": ModelConfig(
+    vocab_size=151_936,
+    hidden_size=1536,
+    num_layers=28,
+    num_heads=12,
+    num_kv_heads=2,
+    head_dim=128,
+    intermediate_size=8960,
+    qkv_bias=True,
+    tie_embeddings=True,
+    rope_theta=1_000_000.0,
+    bos_token_id=151_643,
+    eos_token_id=151_645,
+  ),
+  "qwen2.5-3b": ModelConfig(
+    vocab_size=151_936,
+    hidden_size=2048,
+    num_layers=36,
+    num_heads=16,
+    num_kv_heads=2,
+    head_dim=128,
+    intermediate_size=11_008,
+    qkv_bias=True,
+    tie_embeddings=True,
+    rope_theta=1_000_000.0,
+    bos_token_id=151_643,
+    eos_token_id=151_645,
+  ),
+  "qwen2.5-7b": ModelConfig(
+    vocab_size=152_064,
+    hidden_size=3584,
+    num_layers=28,
+    num_heads=28,
+    num_kv_heads=4,
+    head_dim=128,
+    intermediate_size=18_944,
+    qkv_bias=True,
+    tie_embeddings=False,
+    rope_theta=1_000_000.0,
+    bos_token_id=151_643,
+    eos_token_id=151_645,
+  ),
+  "llama-3.2-1b": ModelConfig(
+    vocab_size=128_256,
+    hidden_size=2048,
+    num_layers=16,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=64,
+    intermediate_size=8192,
+    family="llama",
+    tie_embeddings=True,
+    rope_theta=500_000.0,
+    rope_scaling=_LLAMA32_ROPE,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=131_072,
+    bos_token_id=128_000,
+    eos_token_id=128_009,
+  ),
+  "llama-3.2-3b": ModelConfig(
+    vocab_size=128_256,
+    hidden_size=3072,
+    num_layers=28,
+    num_heads=24,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=8192,
+    family="llama",
+    tie_embeddings=True,
+    rope_theta=500_000.0,
+    rope_scaling=_LLAMA32_ROPE,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=131_072,
+    bos_token_id=128_000,
+    eos_token_id=128_009,
+  ),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+  """A preset config with fields overridden; unknown names raise."""
+  if name not in PRESETS:
+    raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+  return validate(PRESETS[name].replace(**overrides))
+
+
+def validate(cfg: ModelConfig) -> ModelConfig:
+  """Checks a config's consistency; raises ValueError naming the field."""
+  positive = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+  )
+  for name in positive:
+    value = getattr(cfg, name)
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f"model: {name} must be a positive integer, got {value}")
+  if cfg.num_heads % cfg.num_kv_heads:
+    raise ValueError(
+      f"model: num_heads={cfg.num_heads} is not a multiple of "
+      f"num_kv_heads={cfg.num_kv_heads}"
+    )
+  if cfg.head_dim % 2:
+    raise ValueError(f"model: head_dim={cfg.head_dim} must be even for RoPE")
+  if cfg.family not in FAMILIES:
+    raise ValueError(
+      f"model: family={cfg.family!r}; expected one of {FAMILIES}"
+    )
+  for name in ("dtype", "param_dtype"):
+    if getattr(cfg, name) not in DTYPES:
+      raise ValueError(
+        f"model: {name}={getattr(cfg, name)!r}; expected one of {DTYPES}"
+      )
+  if cfg.rope_scaling is not None and cfg.rope_scaling.kind not in (
+    "linear",
+    "llama3",
+  ):
+    raise ValueError(
+      f"model: rope_scaling kind {cfg.rope_scaling.kind!r} is not supported; "
+      "expected 'linear' or 'llama3'"
+    )
+  return cfg
+
+
+@struct.dataclass
+class KVCache:
+  """Keys and values of every layer, and each sequence's length."""
+
+  k: jax.Array  # [layers, B, S, kv_heads, head_dim]
+  v: jax.Array  # [layers, B, S, kv_heads, head_dim]
+  length: jax.Array  # [B] int32, tokens written per sequence
+
+  @classmethod
+  def init(cls, cfg: ModelConfig, batch: int, size: int) -> KVCache:
+    shape = (cfg.num_layers, batch, size, cfg.num_kv_heads, cfg.head_dim)
+    dtype = jnp.dtype(cfg.dtype)
+    return cls(
+      k=jnp.zeros(shape, dtype),
+      v=jnp.zeros(shape, dtype),
+      length=jnp.zeros((batch,), jnp.int32),
+    )
+
+  @property
+  def size(self) -> int:
+    return self.k.shape[2]
+
+
+def inverse_frequencies(cfg: ModelConfig) -> jax.Array:
+  """RoPE inverse frequencies ``[head_dim // 2]``, scaling applied."""
+  exponents = jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim
+  inv = 1.0 / (cfg.rope_theta**exponents)
+  s = cfg.rope_scaling
+  if s is None:
+    return inv
+  if s.kind == "linear":
+    return inv / s.factor
+  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+  high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+  wavelen = 2 * math.pi / inv
+  scaled = jnp.where(wavelen > low_wavelen, inv / s.factor, inv)
+  smooth = (
+    s.original_max_position_embeddings / wavelen - s.low_freq_factor
+  ) / (s.high_freq_factor - s.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return jnp.where(medium, smoothed, scaled)
+
+
+def rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+  """Rotates ``x [B, T, N, H]`` by ``positions [B, T]`` (half-split layout)."""
+  angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  xf = x.astype(jnp.float32)
+  return (xf * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
+
+
+def _param(
+  rngs: nnx.Rngs,
+  init: Any,
+  shape: tuple[int, ...],
+  axes: tuple[str, ...],
+  dtype: str,
+) -> nnx.Param:
+  init = nnx.with_partitioning(init, axes)
+  return nnx.Param(init(rngs.params(), shape, jnp.dtype(dtype)))
+
+
+_normal = nnx.initializers.normal(0.02)
+_zeros = nnx.initializers.zeros_init()
+_ones = nnx.initializers.ones_init()
+
+
+class RMSNorm(nnx.Module):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+    self.scale = _param(
+      rngs, _ones, (cfg.hidden_size,), (ax.EMBED,), cfg.param_dtype
+    )
+    self.eps = cfg.rms_norm_eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(
+      jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps
+    )
+    return self.scale[...].astype(x.dtype) * xf.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+    d, h, kv, hd, p = (
+      cfg.hidden_size,
+      cfg.num_heads,
+      cfg.num_kv_heads,
+      cfg.head_dim,
+      cfg.param_dtype,
+    )
+    self.q = _param(
+      rngs, _normal, (d, h, hd), (ax.EMBED, ax.HEADS, ax.HEAD_DIM), p
+    )
+    self.k = _param(
+      rngs, _normal, (d, kv, hd), (ax.EMBED, ax.KV, ax.HEAD_DIM), p
+    )
+    self.v = _param(
+      rngs, _normal, (d, kv, hd), (ax.EMBED, ax.KV, ax.HEAD_DIM), p
+    )
+    self.o = _param(
+      rngs, _normal, (h, hd, d), (ax.HEADS, ax.HEAD_DIM, ax.EMBED), p
+    )
+    if cfg.qkv_bias:
+      self.q_bias = _param(rngs, _zeros, (h, hd), (ax.HEADS, ax.HEAD_DIM), p)
+      self.k_bias = _param(rngs, _zeros, (kv, hd), (ax.KV, ax.HEAD_DIM), p)
+      self.v_bias = _param(rngs, _zeros, (kv, hd), (ax.KV, ax.HEAD_DIM), p)
+    self.qkv_bias = cfg.qkv_bias
+    self.dtype = jnp.dtype(cfg.dtype)
+
+  def project(self, x: jax.Array, name: str) -> jax.Array:
+    w = getattr(self, name)[...].astype(self.dtype)
+    y = jnp.einsum("BTD,DNH->BTNH", x, w)
+    if self.qkv_bias:
+      y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
+    return y
+
+  def __call__(
+    self,
+    x: jax.Array,  # [B, T, D]
+    positions: jax.Array,  # [B, T]
+    inv_freq: jax.Array,
+    cache: tuple[jax.Array, jax.Array, jax.Array] | None,
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    q = rope(self.project(x, "q"), positions, inv_freq)
+    k = rope(self.project(x, "k"), positions, inv_freq)
+    v = self.project(x, "v")
+    if cache is None:
+      out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+      new_cache = None
+    else:
+      k_cache, v_cache, start = cache
+      write = jax.vmap(
+        lambda c, new, s: jax.lax.dynamic_update_slice(c, new, (s, 0, 0))
+      )
+      k_cache = write(k_cache, k.astype(k_cache.dtype), start)
+      v_cache = write(v_cache, v.astype(v_cache.dtype), start)
+      slots = jnp.arange(k_cache.shape[1])
+      mask = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
+      out = jax.nn.dot_product_attention(
+        q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), mask=mask[:, None]
+      )
+      new_cache = (k_cache, v_cache)
+    o = self.o[...].astype(self.dtype)
+    return jnp.einsum("BTNH,NHD->BTD", out, o), new_cache
+
+
+class MLP(nnx.Module):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+    d, f, p = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
+    self.gate = _param(rngs, _normal, (d, f), (ax.EMBED, ax.MLP), p)
+    self.up = _param(rngs, _normal, (d, f), (ax.EMBED, ax.MLP), p)
+    self.down = _param(rngs, _normal, (f, d), (ax.MLP, ax.EMBED), p)
+    self.dtype = jnp.dtype(cfg.dtype)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    w = lambda p: p[...].astype(self.dtype)
+    gate = jnp.einsum("BTD,DF->BTF", x, w(self.gate))
+    up = jnp.einsum("BTD,DF->BTF", x, w(self.up))
+    return jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate) * up, w(self.down))
+
+
+class Block(nnx.Module):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+    self.attn_norm = RMSNorm(cfg, rngs)
+    self.attn = Attention(cfg, rngs)
+    self.mlp_norm = RMSNorm(cfg, rngs)
+    self.mlp = MLP(cfg, rngs)
+
+  def __call__(self, x, positions, inv_freq, cache):
+    h, cache = self.attn(self.attn_norm(x), positions, inv_freq, cache)
+    x = x + h
+    return x + self.mlp(self.mlp_norm(x)), cache
+
+
+class Transformer(nnx.Module):
+  """The decoder. ``model(tokens, cache)`` -> ``(logits, cache)``."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+    cfg = validate(cfg)
+    self.cfg = cfg
+    p = cfg.param_dtype
+    self.embed = _param(
+      rngs, _normal, (cfg.vocab_size, cfg.hidden_size), (ax.VOCAB, ax.EMBED), p
+    )
+
+    @nnx.split_rngs(splits=cfg.num_layers)
+    @nnx.vmap(
+      in_axes=(0,),
+      out_axes=0,
+      transform_metadata={nnx.PARTITION_NAME: ax.LAYERS},
+    )
+    def make_layers(rngs: nnx.Rngs) -> Block:
+      return Block(cfg, rngs)
+
+    self.layers = make_layers(rngs)
+    self.final_norm = RMSNorm(cfg, rngs)
+    if not cfg.tie_embeddings:
+      self.lm_head = _param(
+        rngs,
+        _normal,
+        (cfg.hidden_size, cfg.vocab_size),
+        (ax.EMBED, ax.VOCAB),
+        p,
+      )
+    if cfg.value_head:
+      self.value_w = _param(rngs, _zeros, (cfg.hidden_size,), (ax.EMBED,), p)
+      self.value_b = _param(rngs, _zeros, (), (), p)
+
+  def hidden(
+    self,
+    tokens: jax.Array,
+    cache: KVCache | None = None,
+    num_new: jax.Array | None = None,
+  ) -> tuple[jax.Array, KVCache | None]:
+    """Final-norm hidden states ``[B, T, D]`` and the advanced cache.
+
+    Args:
+      tokens: int32 ``[B, T]``.
+      cache: without one, the tokens start at position 0 with causal
+        attention among themselves.
+      num_new: int32 ``[B]``, how many of the ``T`` tokens are real (the
+        rest is padding); defaults to ``T``. Needs ``length + T <= size``.
+    """
+    cfg = self.cfg
+    batch, t = tokens.shape
+    start = jnp.zeros((batch,), jnp.int32) if cache is None else cache.length
+    positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)
+    x = self.embed[...].astype(cfg.dtype)[tokens]
+    inv_freq = inverse_frequencies(cfg)
+
+    # A plain lax.scan over the stacked layer state: unlike nnx.scan it
+    # works at any trace level, so the model can run inside while_loop and
+    # scan bodies (decode loops, minibatch updates).
+    block_def, stacked = nnx.split(self.layers)
+
+    if cache is None:
+
+      def run(x, layer):
+        x, _ = nnx.merge(block_def, layer)(x, positions, inv_freq, None)
+        return x, None
+
+      x, _ = jax.lax.scan(run, x, stacked)
+      new_cache = None
+    else:
+
+      def run(x, layer_kv):
+        layer, k, v = layer_kv
+        block = nnx.merge(block_def, layer)
+        x, (k, v) = block(x, positions, inv_freq, (k, v, start))
+        return x, (k, v)
+
+      x, (k, v) = jax.lax.scan(run, x, (stacked, cache.k, cache.v))
+      if num_new is None:
+        num_new = jnp.full((batch,), t, jnp.int32)
+      new_cache = KVCache(k=k, v=v, length=cache.length + num_new)
+    return self.final_norm(x), new_cache
+
+  def logits(self, h: jax.Array) -> jax.Array:
+    """``[B, T, D]`` -> float32 logits ``[B, T, vocab]``."""
+    if self.cfg.tie_embeddings:
+      w = self.embed[...].astype(h.dtype)
+      out = jnp.einsum("BTD,VD->BTV", h, w)
+    else:
+      out = jnp.einsum("BTD,DV->BTV", h, self.lm_head[...].astype(h.dtype))
+    return out.astype(jnp.float32)
+
+  def values(self, h: jax.Array) -> jax.Array:
+    """The critic's scalar value per token, float32 ``[B, T]``."""
+    w = self.value_w[...].astype(jnp.float32)
+    return jnp.einsum("BTD,D->BT", h.astype(jnp.float32), w) + self.value_b[...]
+
+  def __call__(
+    self,
+    tokens: jax.Array,
+    cache: KVCache | None = None,
+    num_new: jax.Array | None = None,
+  ) -> tuple[jax.Array, KVCache | None]:
+    h, cache = self.hidden(tokens, cache, num_new)
+    return self.logits(h), cache
+
+
+def create(cfg: ModelConfig, seed: int = 0) -> Transformer:
+  """A randomly initialised model; sharding names stay metadata only."""
+  with nnx.use_eager_sharding(False):
+    return Transformer(cfg, nnx.Rngs(params=seed))

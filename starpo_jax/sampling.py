@@ -1,0 +1,176 @@
+"""Token sampling (greedy, temperature, top-k, top-p) and a cached decode
+loop for single-turn generation.
+
+The log-probability recorded for a sampled token is under the
+temperature-scaled policy, ``log_softmax(logits / temperature)``, before any
+top-k / top-p truncation: that is the quantity PPO's ratio is taken
+against, and the training forward recomputes it the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from starpo_jax.models.transformer import KVCache, Transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """How to pick the next token. ``temperature == 0`` is greedy."""
+
+  temperature: float = 1.0
+  top_k: int = 0  # 0 keeps every token
+  top_p: float = 1.0
+
+  def __post_init__(self) -> None:
+    if self.temperature < 0:
+      raise ValueError(f"sampling: temperature={self.temperature} must be >= 0")
+    if self.top_k < 0:
+      raise ValueError(f"sampling: top_k={self.top_k} must be >= 0")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"sampling: top_p={self.top_p} must be in (0, 1]")
+
+
+def policy_logprobs(logits: jax.Array, temperature: float) -> jax.Array:
+  """Log-probabilities ``[..., V]`` of the temperature-scaled policy."""
+  scale = temperature if temperature > 0 else 1.0
+  return jax.nn.log_softmax(logits.astype(jnp.float32) / scale, axis=-1)
+
+
+def sample(
+  key: jax.Array, logits: jax.Array, sampling: Sampling
+) -> tuple[jax.Array, jax.Array]:
+  """Picks one token per row.
+
+  Args:
+    key: PRNG key.
+    logits: float ``[B, V]``.
+    sampling: the rule.
+
+  Returns:
+    tokens int32 ``[B]`` and their policy log-probabilities float32 ``[B]``.
+  """
+  logp = policy_logprobs(logits, sampling.temperature)
+  if sampling.temperature == 0:
+    tokens = jnp.argmax(logits, axis=-1)
+  else:
+    masked = logp
+    if sampling.top_k:
+      kth = jax.lax.top_k(logp, sampling.top_k)[0][..., -1:]
+      masked = jnp.where(logp < kth, -jnp.inf, masked)
+    if sampling.top_p < 1.0:
+      order = jnp.argsort(-masked, axis=-1)
+      sorted_logp = jnp.take_along_axis(masked, order, axis=-1)
+      probs = jax.nn.softmax(sorted_logp, axis=-1)
+      # Keep the smallest prefix whose mass reaches top_p (the first token
+      # is always kept).
+      before = jnp.cumsum(probs, axis=-1) - probs
+      drop_sorted = before >= sampling.top_p
+      drop = (
+        jnp.zeros_like(drop_sorted)
+        .at[jnp.arange(order.shape[0])[:, None], order]
+        .set(drop_sorted)
+      )
+      masked = jnp.where(drop, -jnp.inf, masked)
+    tokens = jax.random.categorical(key, masked, axis=-1)
+  tokens = tokens.astype(jnp.int32)
+  return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+
+
+@struct.dataclass
+class DecodeState:
+  step: jax.Array  # [] int32
+  last: jax.Array  # [B] int32, the token to feed next
+  tokens: jax.Array  # [B, N] int32, generated tokens
+  logprobs: jax.Array  # [B, N] float32
+  done: jax.Array  # [B] bool
+  length: jax.Array  # [B] int32, generated tokens per sequence
+  cache: KVCache
+  key: jax.Array
+
+
+def generate(
+  model: Transformer,
+  prompt: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  max_new_tokens: int,
+  key: jax.Array,
+  sampling: Sampling,
+  stop_ids: tuple[int, ...] = (),
+  cache_size: int | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Continues each prompt by up to ``max_new_tokens`` tokens.
+
+  Args:
+    model: the policy.
+    prompt: int32 ``[B, P]``, left-aligned, padded after the prompt.
+    prompt_lengths: int32 ``[B]``.
+    max_new_tokens: the most tokens generated per sequence.
+    key: PRNG key.
+    sampling: the rule.
+    stop_ids: a sequence ends after emitting one of these (kept).
+    cache_size: KV cache slots; at least ``P + max_new_tokens``.
+
+  Returns:
+    tokens int32 ``[B, max_new_tokens]`` (zero after a sequence ends), their
+    log-probabilities, and how many each sequence generated.
+  """
+  batch, width = prompt.shape
+  size = cache_size or width + max_new_tokens
+  if size < width + max_new_tokens:
+    raise ValueError(
+      f"generate: cache_size={size} < prompt width {width} + "
+      f"max_new_tokens={max_new_tokens}"
+    )
+  cache = KVCache.init(model.cfg, batch, size)
+  logits, cache = model(prompt, cache, num_new=prompt_lengths)
+  last_logits = jnp.take_along_axis(
+    logits, (prompt_lengths - 1)[:, None, None], axis=1
+  )[:, 0]
+  stops = jnp.asarray(stop_ids, jnp.int32)
+
+  def pick(key, logits):
+    key, sub = jax.random.split(key)
+    tok, logp = sample(sub, logits, sampling)
+    return key, tok, logp
+
+  key, first, first_logp = pick(key, last_logits)
+  zeros = jnp.zeros((batch, max_new_tokens), jnp.int32)
+  state = DecodeState(
+    step=jnp.zeros((), jnp.int32),
+    last=first,
+    tokens=zeros.at[:, 0].set(first),
+    logprobs=zeros.astype(jnp.float32).at[:, 0].set(first_logp),
+    done=jnp.isin(first, stops),
+    length=jnp.ones((batch,), jnp.int32),
+    cache=cache,
+    key=key,
+  )
+
+  def cond(s: DecodeState) -> jax.Array:
+    return (s.step + 1 < max_new_tokens) & ~jnp.all(s.done)
+
+  def body(s: DecodeState) -> DecodeState:
+    logits, cache = model(s.last[:, None], s.cache)
+    key, tok, logp = pick(s.key, logits[:, 0])
+    i = s.step + 1
+    live = ~s.done
+    tok = jnp.where(live, tok, 0)
+    return DecodeState(
+      step=i,
+      last=tok,
+      tokens=s.tokens.at[:, i].set(tok),
+      logprobs=s.logprobs.at[:, i].set(jnp.where(live, logp, 0.0)),
+      done=s.done | jnp.isin(tok, stops),
+      length=s.length + live,
+      cache=cache,
+      key=key,
+    )
+
+  state = jax.lax.while_loop(cond, body, state)
+  return state.tokens, state.logprobs, state.length

@@ -1,0 +1,200 @@
+"""The decoder against transformers, its KV cache, generation and dtypes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from starpo_jax import sampling
+from starpo_jax.models import hf, transformer
+from tests.helpers import assert_compiles_once
+from tests.models.conftest import VOCAB, torch_logits
+
+
+def random_tokens(shape, seed=0):
+  return np.random.default_rng(seed).integers(0, VOCAB, shape)
+
+
+def test_logits_match_transformers(hf_dir):
+  tokens = random_tokens((3, 40))
+  ours = np.asarray(hf.load(hf_dir)(jnp.asarray(tokens))[0])
+  theirs = torch_logits(hf_dir, tokens)
+  assert np.abs(ours - theirs).max() <= 1e-4
+
+
+def test_exported_model_reloads_in_transformers_with_the_same_logits(
+  hf_dir, tmp_path
+):
+  model = hf.load(hf_dir)
+  hf.save(model, str(tmp_path))
+  tokens = random_tokens((2, 33), seed=1)
+  ours = np.asarray(model(jnp.asarray(tokens))[0])
+  theirs = torch_logits(str(tmp_path), tokens)
+  assert np.abs(ours - theirs).max() <= 1e-4
+
+
+def test_greedy_generation_matches_transformers_for_32_tokens(qwen2_dir):
+  model = hf.load(qwen2_dir)
+  graphdef, state = nnx.split(model)
+  prompts = random_tokens((2, 7), seed=2)
+
+  @jax.jit
+  def greedy(state, prompt):
+    return sampling.generate(
+      nnx.merge(graphdef, state),
+      prompt,
+      jnp.full((prompt.shape[0],), prompt.shape[1]),
+      max_new_tokens=32,
+      key=jax.random.key(0),
+      sampling=sampling.Sampling(temperature=0.0),
+    )
+
+  tokens, _, lengths = greedy(state, jnp.asarray(prompts))
+  ref = transformers.AutoModelForCausalLM.from_pretrained(
+    qwen2_dir, dtype=torch.float32
+  ).eval()
+  with torch.no_grad():
+    out = ref.generate(
+      torch.as_tensor(prompts),
+      max_new_tokens=32,
+      min_new_tokens=32,
+      do_sample=False,
+      eos_token_id=None,
+      pad_token_id=0,
+    )
+  np.testing.assert_array_equal(np.asarray(tokens), out[:, 7:].numpy())
+  assert np.all(np.asarray(lengths) == 32)
+
+
+def test_cached_prefill_and_decode_equal_the_full_forward():
+  cfg = transformer.preset("tiny", vocab_size=61, num_layers=3)
+  model = transformer.create(cfg, seed=3)
+  seqs = random_tokens((3, 30), seed=3) % 61
+  step = jax.jit(lambda m, t, c, n: m(t, c, n))
+  full = np.asarray(jax.jit(lambda m, t: m(t)[0])(model, jnp.asarray(seqs)))
+  # Sequences sit at different positions: prompts of 5, 11 and 2 tokens in
+  # one padded chunk, then token-by-token decoding.
+  lengths = np.array([5, 11, 2])
+  chunk = np.zeros((3, 12), np.int64)
+  for b, n in enumerate(lengths):
+    chunk[b, :n] = seqs[b, :n]
+  cache = transformer.KVCache.init(cfg, 3, 32)
+  logits, cache = step(model, jnp.asarray(chunk), cache, jnp.asarray(lengths))
+  for b, n in enumerate(lengths):
+    np.testing.assert_allclose(
+      np.asarray(logits)[b, :n], full[b, :n], atol=1e-5
+    )
+  np.testing.assert_array_equal(np.asarray(cache.length), lengths)
+  pos = lengths.copy()
+  rows = np.arange(3)
+  for _ in range(12):
+    token = jnp.asarray(seqs[rows, pos][:, None])
+    logits, cache = step(model, token, cache, jnp.ones(3, jnp.int32))
+    np.testing.assert_allclose(
+      np.asarray(logits)[:, 0], full[rows, pos], atol=1e-5
+    )
+    pos += 1
+  np.testing.assert_array_equal(np.asarray(cache.length), pos)
+
+
+def test_bfloat16_policy_tracks_float32():
+  cfg = transformer.preset("tiny", vocab_size=61)
+  f32 = transformer.create(cfg, seed=4)
+  bf16 = transformer.create(
+    cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
+  )
+  nnx.update(
+    bf16, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(f32))
+  )
+  tokens = jnp.asarray(random_tokens((2, 20), seed=4) % 61)
+  forward = jax.jit(lambda m, t: m(t)[0])
+  a = np.asarray(forward(f32, tokens))
+  b = np.asarray(forward(bf16, tokens))
+  assert b.dtype == np.float32  # logits always come out in float32
+  assert jax.tree.leaves(nnx.state(bf16))[0].dtype == jnp.bfloat16
+  assert np.abs(a - b).max() < 0.05 * np.abs(a).max() + 0.05
+  assert np.mean(a.argmax(-1) == b.argmax(-1)) > 0.9
+
+
+def test_value_head_gives_one_value_per_token():
+  cfg = transformer.preset("tiny", vocab_size=61, value_head=True)
+  model = transformer.create(cfg, seed=5)
+  h, _ = model.hidden(jnp.zeros((2, 9), jnp.int32))
+  assert model.values(h).shape == (2, 9)
+
+
+def test_parameters_carry_logical_axis_names():
+  model = transformer.create(transformer.preset("tiny", vocab_size=61))
+  specs = nnx.get_partition_spec(nnx.state(model))
+  assert tuple(specs["embed"].get_value()) == ("vocab", "embed")
+  assert tuple(specs["layers"]["attn"]["q"].get_value()) == (
+    "layers",
+    "embed",
+    "heads",
+    "head_dim",
+  )
+  assert tuple(specs["layers"]["mlp"]["down"].get_value()) == (
+    "layers",
+    "mlp",
+    "embed",
+  )
+
+
+@pytest.mark.parametrize(
+  "overrides, name",
+  [
+    (dict(num_heads=6, num_kv_heads=4), "num_kv_heads"),
+    (dict(head_dim=31), "head_dim"),
+    (dict(dtype="float16"), "dtype"),
+    (dict(family="gpt2"), "family"),
+    (dict(num_layers=0), "num_layers"),
+  ],
+)
+def test_bad_model_settings_are_rejected_naming_the_field(overrides, name):
+  with pytest.raises(ValueError, match=name):
+    transformer.preset("tiny", vocab_size=61, **overrides)
+
+
+def test_presets_have_the_published_parameter_counts():
+  # Hugging Face model cards: Qwen2.5-0.5B 0.49B, 1.5B 1.54B, 3B 3.09B,
+  # 7B 7.62B; Llama-3.2-1B 1.24B, 3B 3.21B.
+  published = {
+    "qwen2.5-0.5b": 0.49e9,
+    "qwen2.5-1.5b": 1.54e9,
+    "qwen2.5-3b": 3.09e9,
+    "qwen2.5-7b": 7.62e9,
+    "llama-3.2-1b": 1.24e9,
+    "llama-3.2-3b": 3.21e9,
+  }
+  for name, count in published.items():
+    assert transformer.preset(name).num_params() == pytest.approx(
+      count, rel=0.01
+    )
+
+
+def test_jitted_forward_and_decode_step_compile_once():
+  cfg = transformer.preset("tiny", vocab_size=61)
+  graphdef, state = nnx.split(transformer.create(cfg))
+
+  def forward(state, tokens):
+    return nnx.merge(graphdef, state)(tokens)[0]
+
+  tokens = [jnp.asarray(random_tokens((2, 16), seed=s) % 61) for s in (6, 7)]
+  assert_compiles_once(forward, (state, tokens[0]), (state, tokens[1]))
+
+  def decode(state, token, cache):
+    return nnx.merge(graphdef, state)(token, cache)
+
+  cache = transformer.KVCache.init(cfg, 2, 32)
+  _, cache = nnx.merge(graphdef, state)(tokens[0][:, :4], cache)
+  (_, cache1), _ = assert_compiles_once(
+    decode,
+    (state, tokens[0][:, 4:5], cache),
+    (state, tokens[1][:, 5:6], cache),
+  )
+  np.testing.assert_array_equal(np.asarray(cache1.length), [5, 5])
