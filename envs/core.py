@@ -67,6 +67,8 @@ class EnvSpec:
       two arms in the observation instead, out of 40 possible names).
     max_obs_pieces: length of the array ``render`` returns.
     max_steps: actions after which an episode is truncated.
+    piece_limits: optionally, the most times each piece appears in one
+      observation (a tighter bound on its length in tokens).
   """
 
   name: str
@@ -77,6 +79,7 @@ class EnvSpec:
   list_actions: bool
   max_obs_pieces: int
   max_steps: int
+  piece_limits: tuple[int, ...] | None = None
 
   @property
   def num_actions(self) -> int:

@@ -17,6 +17,9 @@ from flax import struct
 
 from starpo_jax.models.transformer import KVCache, Transformer
 
+# The logit given to tokens a restricted policy may not emit.
+DISALLOWED = -1e9
+
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
@@ -35,14 +38,26 @@ class Sampling:
       raise ValueError(f"sampling: top_p={self.top_p} must be in (0, 1]")
 
 
-def policy_logprobs(logits: jax.Array, temperature: float) -> jax.Array:
-  """Log-probabilities ``[..., V]`` of the temperature-scaled policy."""
+def policy_logprobs(
+  logits: jax.Array, temperature: float, allowed: jax.Array | None = None
+) -> jax.Array:
+  """Log-probabilities ``[..., V]`` of the temperature-scaled policy.
+
+  ``allowed`` (``[V]`` bool) restricts the policy to some tokens.
+  """
   scale = temperature if temperature > 0 else 1.0
-  return jax.nn.log_softmax(logits.astype(jnp.float32) / scale, axis=-1)
+  z = logits.astype(jnp.float32) / scale
+  if allowed is not None:
+    # Finite, so that 0 * logp stays 0 in gradients; exp() underflows to 0.
+    z = jnp.where(allowed, z, DISALLOWED)
+  return jax.nn.log_softmax(z, axis=-1)
 
 
 def sample(
-  key: jax.Array, logits: jax.Array, sampling: Sampling
+  key: jax.Array,
+  logits: jax.Array,
+  sampling: Sampling,
+  allowed: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Picks one token per row.
 
@@ -50,13 +65,14 @@ def sample(
     key: PRNG key.
     logits: float ``[B, V]``.
     sampling: the rule.
+    allowed: optional ``[V]`` bool, the tokens the policy may emit.
 
   Returns:
     tokens int32 ``[B]`` and their policy log-probabilities float32 ``[B]``.
   """
-  logp = policy_logprobs(logits, sampling.temperature)
+  logp = policy_logprobs(logits, sampling.temperature, allowed)
   if sampling.temperature == 0:
-    tokens = jnp.argmax(logits, axis=-1)
+    tokens = jnp.argmax(logp, axis=-1)
   else:
     masked = logp
     if sampling.top_k:

@@ -87,6 +87,12 @@ class Bandit(core.TextEnv):
     )
     # RAGEN prints rewards with Python's str(float).
     self._reward_ids = table.add_all([str(r) for r in self.rewards])
+    # An observation shows each arm name three times, " and " twice and
+    # every other piece at most once.
+    limits = [1] * len(table.pieces)
+    limits[int(self._and)] = 2
+    for i in self._name_ids:
+      limits[int(i)] = 3
     self.spec = core.EnvSpec(
       name="bandit",
       pieces=table.pieces,
@@ -96,6 +102,7 @@ class Bandit(core.TextEnv):
       list_actions=False,
       max_obs_pieces=13,
       max_steps=1,
+      piece_limits=tuple(limits),
     )
 
   def reset(self, key: jax.Array) -> tuple[State, core.TimeStep]:

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 
 import tokenizers
@@ -72,7 +73,7 @@ FORMATS = (CHATML, LLAMA3)
 
 
 @functools.cache
-def _byte_to_char() -> dict[int, str]:
+def byte_to_char() -> dict[int, str]:
   """GPT-2's reversible map from bytes to printable characters."""
   printable = (
     list(range(ord("!"), ord("~") + 1))
@@ -90,8 +91,8 @@ def _byte_to_char() -> dict[int, str]:
 
 
 @functools.cache
-def _char_to_byte() -> dict[str, int]:
-  return {c: b for b, c in _byte_to_char().items()}
+def char_to_byte() -> dict[str, int]:
+  return {c: b for b, c in byte_to_char().items()}
 
 
 class TokenizerError(ValueError):
@@ -181,7 +182,7 @@ class Tokenizer:
     """The raw bytes token ``i`` stands for (possibly part of a character)."""
     if i in self._added:
       return self._added[i].encode("utf-8")
-    table = _char_to_byte()
+    table = char_to_byte()
     return bytes(table[c] for c in self._tok.id_to_token(i))
 
 
@@ -204,16 +205,30 @@ def _default_eos(tok: tokenizers.Tokenizer) -> str:
   return "<|im_end|>"
 
 
+# Pieces longer than this are split into words, so no token spans a whole
+# sentence: that keeps the bytes per token (and answer parsing) small.
+MAX_WORD_BYTES = 24
+_WORDS = re.compile(r"\s*\S+|\s+")
+
+
+def words(piece: str) -> list[str]:
+  """``piece`` as one word, or split before runs of whitespace if long."""
+  if len(piece.encode("utf-8")) <= MAX_WORD_BYTES:
+    return [piece]
+  return _WORDS.findall(piece)
+
+
 def build_compact(
   pieces: Iterable[str], chat: ChatFormat = CHATML
 ) -> Tokenizer:
   """The built-in vocabulary: bytes, chat markers, tags and ``pieces``.
 
-  Every piece longer than one byte becomes one token, matched verbatim
-  (longest first) before the byte-level fallback, so environment pieces and
-  prompt fragments cost one token each while any other text still encodes.
+  Short pieces become one token each, long ones one token per word
+  (whitespace attached to the word after it); tokens are matched verbatim,
+  longest first, before the byte-level fallback, so environment text costs
+  few tokens while any other text still encodes.
   """
-  b2c = _byte_to_char()
+  b2c = byte_to_char()
   tok = tokenizers.Tokenizer(
     models.BPE(vocab={b2c[b]: b for b in range(256)}, merges=[])
   )
@@ -223,9 +238,9 @@ def build_compact(
   tok.decoder = decoders.ByteLevel()
   markers = ["<|endoftext|>", chat.stop, *_markers(chat)]
   tok.add_special_tokens(list(dict.fromkeys(markers)))
-  words = [*TAGS, *pieces]
-  words = [w for w in dict.fromkeys(words) if len(w.encode("utf-8")) > 1]
-  tok.add_tokens([AddedToken(w, normalized=False) for w in words])
+  vocab = [*TAGS, *(w for p in pieces for w in words(p))]
+  vocab = [w for w in dict.fromkeys(vocab) if len(w.encode("utf-8")) > 1]
+  tok.add_tokens([AddedToken(w, normalized=False) for w in vocab])
   return Tokenizer(tok, "<|endoftext|>", "built-in compact tokenizer")
 
 

@@ -50,12 +50,16 @@ def bpe(tmp_path_factory):
   return tokenizer_lib.Tokenizer.load(str(path))
 
 
-def test_every_environment_piece_tag_and_marker_is_one_token(compact):
-  words = [*all_pieces(), *tokenizer_lib.TAGS, "<|im_start|>", "<|im_end|>"]
-  for word in words:
-    ids = compact.encode(word)
-    assert len(ids) == 1, (word, ids)
-    assert compact.decode(ids) == word
+def test_pieces_tags_and_markers_are_single_tokens_or_words(compact):
+  texts = [*all_pieces(), *tokenizer_lib.TAGS, "<|im_start|>", "<|im_end|>"]
+  for text in texts:
+    ids = compact.encode(text)
+    assert compact.decode(ids) == text
+    if len(tokenizer_lib.words(text)) == 1:
+      assert len(ids) == 1, (text, ids)
+    else:
+      # Long pieces go word by word, far below one token per byte.
+      assert len(ids) <= len(text.encode()) // 3, (text, ids)
 
 
 def test_compact_tokenizer_is_small(compact):

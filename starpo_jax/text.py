@@ -1,0 +1,695 @@
+"""Text <-> tokens inside ``jit``: the ``Codec``.
+
+Built once on the host from a tokenizer and an environment's spec, a
+``Codec`` is a pytree of lookup tables that the compiled rollout takes as an
+argument:
+
+* render: environment piece ids -> token ids by a gather from a
+  ``[pieces, max_tokens]`` table and a ragged concatenation. Invariant:
+  ``tokenizer.decode(tokens) == the rendered text``.
+* prompts: RAGEN's multi-turn prompt, assembled from pre-tokenized fragments
+  and numbers rendered digit by digit.
+* parse: generated token ids -> bytes through a ``[vocab, max_bytes]`` table,
+  then RAGEN's answer grammar on the bytes (below). Invariant: it equals a
+  plain-Python regex reference on any text (``tests/reference_text.py``).
+* stopping: a per-token automaton finds ``</answer>`` even when it is split
+  across tokens, in O(1) per decoded token.
+
+The answer grammar (RAGEN's ``_parse_response`` and action lookup): the
+first match of ``<think>(.*?)</think>\\s*<answer>(.*?)</answer>`` (in no-think
+mode ``<answer>(.*?)</answer>``), DOTALL; the chat markers and tags are
+removed from the answer one after another as ``str.replace`` does; it is
+split on ``||``; parts are whitespace-trimmed, empty parts dropped, the rest
+cut to ``max_actions_per_turn``; each part names an action when it equals
+one case-insensitively. Choice made here: the grammar works on bytes, so
+``\\s``, trimming and case folding are ASCII's (no action name has other
+characters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from envs import EnvSpec
+from starpo_jax.models.tokenizer import TAGS, Tokenizer
+
+ANSWER_CLOSE = b"</answer>"
+ACTION_SEP = b"||"
+WHITESPACE = b" \t\n\r\x0b\x0c"
+FORMAT_THINK = (
+  "<think> [Your thoughts] </think> <answer> [your answer] </answer>"
+)
+FORMAT_NO_THINK = "<answer> [your answer] </answer>"
+WARNING = (
+  "No valid action provided previously. Environment state remains the same. "
+  "Please try again.\n"
+)
+
+Segment = tuple[jax.Array, jax.Array]  # ids [M], keep [M]
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSettings:
+  """What the prompt says and how answers are read.
+
+  ``max_actions_per_turn`` is the ``N`` of "You can make up to N actions"
+  (choice made here: RAGEN prints the per-episode budget there, though only
+  ``max_actions_per_turn`` actions of an answer are executed).
+  ``response_hint`` is the length promised in the format reminder.
+  """
+
+  enable_think: bool = True
+  max_actions_per_turn: int = 2
+  response_hint: int = 100
+  # Restrict generation to the tokens answers are made of (action names,
+  # separators, tags, whitespace, end of turn). Off for pretrained models;
+  # on for a model learning from scratch, which could otherwise not stumble
+  # on a well-formed answer by chance.
+  answer_vocab: bool = False
+
+
+def system_text(spec: EnvSpec, settings: PromptSettings) -> str:
+  """The system message: instructions, symbol legend, actions."""
+  text = "You're a helpful assistant. " + spec.instructions
+  if spec.legend:
+    text += "\nThe meaning of each symbol in the state is:\n" + ", ".join(
+      f"{symbol}: {meaning}" for symbol, meaning in spec.legend
+    )
+  if spec.list_actions:
+    text += "\nYour available actions are:\n" + ", ".join(spec.action_names)
+    text += (
+      f"\nYou can make up to {settings.max_actions_per_turn} actions, "
+      'separated by the action separator " || "\n'
+    )
+  return text
+
+
+def prompt_pieces(spec: EnvSpec, settings: PromptSettings) -> list[str]:
+  """Every text the prompts are built from, for a compact vocabulary."""
+  fmt = FORMAT_THINK if settings.enable_think else FORMAT_NO_THINK
+  return [
+    *spec.pieces,
+    system_text(spec, settings),
+    "Reward:\n",
+    "\nTurn ",
+    ":\nState:\n",
+    WARNING,
+    "You have ",
+    _reminder(fmt),
+    " words (tokens).\n",
+    "system",
+    "user",
+    "assistant",
+  ]
+
+
+def _reminder(fmt: str) -> str:
+  return (
+    f" actions left. Always output: {fmt} with no extra text. Strictly "
+    "follow this format. Max response length: "
+  )
+
+
+def format_reward(value: float) -> str:
+  """Rewards in prompts: rounded to 0.01, no trailing zeros (``-0.1``,
+  ``10.9``, ``1``). RAGEN prints Python floats, float noise included."""
+  cents = round(value * 100)
+  sign = "-" if cents < 0 else ""
+  whole, frac = divmod(abs(cents), 100)
+  text = f"{sign}{whole}"
+  if frac:
+    text += f".{frac:02d}".rstrip("0")
+  return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Fragments:
+  """Pre-tokenized prompt fragments (static, hashable)."""
+
+  system: tuple[int, ...]  # begin + the whole system message
+  user_start: tuple[int, ...]
+  reward_head: tuple[int, ...]  # "Reward:\n"
+  newline: tuple[int, ...]
+  turn_head: tuple[int, ...]  # "\nTurn "
+  state_head: tuple[int, ...]  # ":\nState:\n"
+  warning: tuple[int, ...]
+  actions_head: tuple[int, ...]  # "You have "
+  reminder: tuple[int, ...]  # " actions left. Always output: ... length: "
+  reminder_tail: tuple[int, ...]  # " words (tokens).\n"
+  reply_start: tuple[int, ...]  # message end + assistant start + tag
+  end_after_stop: tuple[int, ...]  # what closes a reply that emitted stop
+  end_full: tuple[int, ...]  # what closes a reply that did not
+  digits: tuple[int, ...]  # token of "0".."9"
+  minus: int
+  dot: int
+
+
+@struct.dataclass
+class Codec:
+  """Lookup tables between a tokenizer and one environment's pieces."""
+
+  piece_tokens: jax.Array  # [pieces, P] int32
+  piece_lengths: jax.Array  # [pieces] int32
+  token_bytes: jax.Array  # [vocab, max_bytes] uint8
+  token_byte_lengths: jax.Array  # [vocab] int32
+  stop_next: jax.Array  # [vocab, 10] int32: "</answer>" automaton
+  stop_hit: jax.Array  # [vocab, 10] bool: the token completes "</answer>"
+  action_bytes: jax.Array  # [actions, max_name] uint8, lower-case
+  action_lengths: jax.Array  # [actions] int32
+  allowed: jax.Array | None  # [vocab] bool tokens the policy may emit
+  fragments: Fragments = struct.field(pytree_node=False)
+  markers: tuple[bytes, ...] = struct.field(pytree_node=False)
+  stop_ids: tuple[int, ...] = struct.field(pytree_node=False)
+  chat_stop: int = struct.field(pytree_node=False)
+  max_obs_pieces: int = struct.field(pytree_node=False)
+  max_obs_tokens: int = struct.field(pytree_node=False)
+  settings: PromptSettings = struct.field(pytree_node=False)
+
+  @classmethod
+  def build(
+    cls,
+    tokenizer: Tokenizer,
+    spec: EnvSpec,
+    settings: PromptSettings,
+    vocab_size: int | None = None,
+  ) -> Codec:
+    """Host-side construction; checks the tokenizer covers what it needs.
+
+    Args:
+      vocab_size: the model's vocabulary, when larger than the tokenizer's
+        (Qwen2.5 pads its embedding): extra ids stand for no bytes.
+    """
+    encoded = [tokenizer.encode(p) for p in spec.pieces]
+    width = max(1, *(len(e) for e in encoded))
+    piece_tokens = np.zeros((len(encoded), width), np.int32)
+    for i, ids in enumerate(encoded):
+      piece_tokens[i, : len(ids)] = ids
+    vocab = max(tokenizer.vocab_size, vocab_size or 0)
+    raw = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
+    raw += [b""] * (vocab - len(raw))
+    max_bytes = max(1, *(len(b) for b in raw))
+    token_bytes = np.zeros((vocab, max_bytes), np.uint8)
+    for i, b in enumerate(raw):
+      token_bytes[i, : len(b)] = np.frombuffer(b, np.uint8)
+    lengths = np.asarray([len(b) for b in raw], np.int32)
+    stop_next, stop_hit = _automaton(token_bytes, lengths, ANSWER_CLOSE)
+    names = [n.lower().encode() for n in spec.action_names]
+    name_width = max(len(n) for n in names)
+    action_bytes = np.zeros((len(names), name_width), np.uint8)
+    for i, n in enumerate(names):
+      action_bytes[i, : len(n)] = np.frombuffer(n, np.uint8)
+    chat = tokenizer.chat
+    enc = lambda text: tuple(tokenizer.encode(text))
+    single = {}
+    for ch in "0123456789-.":
+      ids = tokenizer.encode(ch)
+      if len(ids) != 1:
+        raise ValueError(f"codec: the tokenizer spells {ch!r} as {ids}")
+      single[ch] = ids[0]
+    tag = "<think>" if settings.enable_think else "<answer>"
+    fmt = FORMAT_THINK if settings.enable_think else FORMAT_NO_THINK
+    stop_text = chat.stop
+    after_stop = chat.message_end[len(stop_text) :]
+    fragments = Fragments(
+      system=enc(
+        chat.begin
+        + chat.start("system")
+        + system_text(spec, settings)
+        + chat.message_end
+      ),
+      user_start=enc(chat.start("user")),
+      reward_head=enc("Reward:\n"),
+      newline=enc("\n"),
+      turn_head=enc("\nTurn "),
+      state_head=enc(":\nState:\n"),
+      warning=enc(WARNING),
+      actions_head=enc("You have "),
+      reminder=enc(_reminder(fmt)),
+      reminder_tail=enc(" words (tokens).\n"),
+      reply_start=enc(chat.message_end + chat.start("assistant") + tag),
+      end_after_stop=enc(after_stop),
+      end_full=enc(chat.message_end),
+      digits=tuple(single[str(d)] for d in range(10)),
+      minus=single["-"],
+      dot=single["."],
+    )
+    markers = tuple(
+      dict.fromkeys(
+        [t.encode() for t in TAGS] + [m.encode() for m in _chat_markers(chat)]
+      )
+    )
+    allowed = None
+    if settings.answer_vocab:
+      words = [
+        *spec.action_names,
+        *(f" {n}" for n in spec.action_names),
+        "||",
+        " || ",
+        " ",
+        "\n",
+        "</answer>",
+        chat.stop,
+      ]
+      if settings.enable_think:
+        words += ["</think>", "<answer>"]
+      mask = np.zeros(vocab, bool)
+      for w in words:
+        mask[tokenizer.encode(w)] = True
+      mask[list(tokenizer.stop_ids)] = True
+      allowed = jnp.asarray(mask)
+    return cls(
+      piece_tokens=jnp.asarray(piece_tokens),
+      piece_lengths=jnp.asarray([len(e) for e in encoded], jnp.int32),
+      token_bytes=jnp.asarray(token_bytes),
+      token_byte_lengths=jnp.asarray(lengths),
+      stop_next=jnp.asarray(stop_next),
+      stop_hit=jnp.asarray(stop_hit),
+      action_bytes=jnp.asarray(action_bytes),
+      action_lengths=jnp.asarray([len(n) for n in names], jnp.int32),
+      allowed=allowed,
+      fragments=fragments,
+      markers=markers,
+      stop_ids=tokenizer.stop_ids,
+      chat_stop=tokenizer.token_to_id(chat.stop),
+      max_obs_pieces=spec.max_obs_pieces,
+      max_obs_tokens=_max_tokens(
+        [len(e) for e in encoded], spec.max_obs_pieces, spec.piece_limits
+      ),
+      settings=settings,
+    )
+
+  # --------------------------------------------------------------------------
+  # rendering
+
+  def render(
+    self, pieces: jax.Array, n: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
+    """Observation pieces ``[max_obs_pieces]`` -> tokens ``[max_obs_tokens]``
+    and how many are used."""
+    width = self.piece_tokens.shape[1]
+    ids = self.piece_tokens[pieces]  # [P, width]
+    keep = (jnp.arange(width) < self.piece_lengths[pieces][:, None]) & (
+      jnp.arange(pieces.shape[0]) < n
+    )[:, None]
+    return pack([(ids.reshape(-1), keep.reshape(-1))], self.max_obs_tokens)
+
+  def number(self, value: jax.Array, width: int) -> Segment:
+    """A non-negative integer as digit tokens (``width`` digits at most)."""
+    powers = jnp.asarray(10 ** np.arange(width - 1, -1, -1), jnp.int32)
+    digits = (value // powers) % 10
+    keep = (value >= powers) | (powers == 1)
+    return jnp.asarray(self.fragments.digits, jnp.int32)[digits], keep
+
+  def reward(self, value: jax.Array) -> Segment:
+    """A reward as ``format_reward`` writes it (magnitudes below 1e6)."""
+    cents = jnp.round(value * 100).astype(jnp.int32)
+    whole, frac = jnp.abs(cents) // 100, jnp.abs(cents) % 100
+    ids, keep = self.number(whole, 6)
+    tenths, hundredths = frac // 10, frac % 10
+    digits = jnp.asarray(self.fragments.digits, jnp.int32)
+    f = self.fragments
+    return (
+      jnp.concatenate(
+        [
+          jnp.asarray([f.minus]),
+          ids,
+          jnp.asarray([f.dot]),
+          digits[tenths][None],
+          digits[hundredths][None],
+        ]
+      ),
+      jnp.concatenate(
+        [
+          (cents < 0)[None],
+          keep,
+          (frac > 0)[None],
+          (frac > 0)[None],
+          (hundredths > 0)[None],
+        ]
+      ),
+    )
+
+  def turn_chunk_size(self, max_turns: int, max_actions: int) -> int:
+    """Tokens a ``turn_chunk`` can hold."""
+    f = self.fragments
+    fixed = (
+      max(len(f.end_full), len(f.end_after_stop))
+      + len(f.user_start)
+      + len(f.reward_head)
+      + 10
+      + len(f.newline)
+      + len(f.turn_head)
+      + len(str(max_turns))
+      + len(f.state_head)
+      + self.max_obs_tokens
+      + len(f.newline)
+      + len(f.warning)
+      + len(f.actions_head)
+      + len(str(max_actions))
+      + len(f.reminder)
+      + len(str(self.settings.response_hint))
+      + len(f.reminder_tail)
+      + len(f.reply_start)
+    )
+    return fixed
+
+  def turn_chunk(
+    self,
+    turn: jax.Array,
+    obs: tuple[jax.Array, jax.Array],
+    reward: jax.Array,
+    warn: jax.Array,
+    actions_left: jax.Array,
+    ended_by_stop: jax.Array,
+    size: int,
+    max_turns: int,
+    max_actions: int,
+  ) -> tuple[jax.Array, jax.Array]:
+    """The tokens between two replies, RAGEN's full-history format.
+
+    Args:
+      turn: int32 [], 0-based.
+      obs: observation tokens and count, from ``render``.
+      reward: the previous turn's reward (unused on turn 0).
+      warn: whether the previous turn had no valid action.
+      actions_left: the episode's remaining action budget.
+      ended_by_stop: the previous reply ended with the chat's stop token.
+      size: the chunk width (``turn_chunk_size``).
+
+    Returns:
+      Token ids ``[size]`` and how many are used.
+    """
+    f = self.fragments
+    later = turn > 0
+    const = lambda ids, keep=True: fixed(ids, keep)
+    segments = [
+      const(f.end_after_stop, later & ended_by_stop),
+      const(f.end_full, later & ~ended_by_stop),
+      const(f.user_start),
+      const(f.reward_head, later),
+    ]
+    r_ids, r_keep = self.reward(reward)
+    segments += [
+      (r_ids, r_keep & later),
+      const(f.newline, later),
+      const(f.turn_head),
+      self.number(turn + 1, len(str(max_turns))),
+      const(f.state_head),
+      (obs[0], jnp.arange(obs[0].shape[0]) < obs[1]),
+      const(f.newline),
+      const(f.warning, warn),
+      const(f.actions_head),
+      self.number(actions_left, len(str(max_actions))),
+      const(f.reminder),
+      self.number(
+        jnp.asarray(self.settings.response_hint),
+        len(str(self.settings.response_hint)),
+      ),
+      const(f.reminder_tail),
+      const(f.reply_start),
+    ]
+    return pack(segments, size)
+
+  # --------------------------------------------------------------------------
+  # stopping
+
+  def stop_step(
+    self, state: jax.Array, token: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
+    """Advances the ``</answer>`` automaton by one token.
+
+    Returns:
+      The new automaton state and whether ``</answer>`` was completed.
+    """
+    return self.stop_next[token, state], self.stop_hit[token, state]
+
+  # --------------------------------------------------------------------------
+  # parsing
+
+  @property
+  def reply_prefix(self) -> bytes:
+    """The tag the prompt ends with; RAGEN prepends it to the reply."""
+    return b"<think>" if self.settings.enable_think else b"<answer>"
+
+  def to_bytes(
+    self, tokens: jax.Array, n: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
+    """A reply's tokens ``[T]`` (``n`` used) -> its bytes, prefix included,
+    and their count."""
+    width = self.token_bytes.shape[1]
+    b = self.token_bytes[tokens].astype(jnp.int32)  # [T, width]
+    keep = (jnp.arange(width) < self.token_byte_lengths[tokens][:, None]) & (
+      jnp.arange(tokens.shape[0]) < n
+    )[:, None]
+    prefix = np.frombuffer(self.reply_prefix, np.uint8)
+    size = prefix.shape[0] + tokens.shape[0] * width
+    return pack([fixed(prefix), (b.reshape(-1), keep.reshape(-1))], size)
+
+  def parse(self, tokens: jax.Array, n: jax.Array) -> Parsed:
+    """RAGEN's answer grammar on one reply's tokens ``[T]`` (``n`` used)."""
+    data, count = self.to_bytes(tokens, n)
+    return parse_bytes(
+      data,
+      count,
+      think=self.settings.enable_think,
+      markers=self.markers,
+      max_actions=self.settings.max_actions_per_turn,
+      action_bytes=self.action_bytes,
+      action_lengths=self.action_lengths,
+    )
+
+
+@struct.dataclass
+class Parsed:
+  matched: jax.Array  # [] bool: the grammar matched
+  actions: jax.Array  # [A] int32 action ids, -1 where a part names none
+  num_parts: jax.Array  # [] int32 non-empty parts kept (<= A)
+
+  @property
+  def valid(self) -> jax.Array:
+    """[A] bool: the part names an action."""
+    return self.actions >= 0
+
+  @property
+  def num_valid(self) -> jax.Array:
+    """[...] int32: parts naming an action, per reply."""
+    return jnp.sum(self.valid, axis=-1, dtype=jnp.int32)
+
+
+def fixed(ids: Sequence[int], keep: jax.typing.ArrayLike = True) -> Segment:
+  ids = jnp.asarray(ids, jnp.int32).reshape(-1)
+  return ids, jnp.broadcast_to(jnp.asarray(keep, bool), ids.shape)
+
+
+def pack(segments: Sequence[Segment], size: int) -> tuple[jax.Array, jax.Array]:
+  """Kept ids of the segments, in order, at the front of ``[size]``."""
+  ids = jnp.concatenate([s[0] for s in segments])
+  keep = jnp.concatenate([s[1] for s in segments])
+  pos = jnp.where(keep, jnp.cumsum(keep) - 1, size)
+  out = jnp.zeros((size,), jnp.int32).at[pos].set(ids, mode="drop")
+  return out, jnp.sum(keep, dtype=jnp.int32)
+
+
+def _max_tokens(
+  lengths: list[int], pieces: int, limits: tuple[int, ...] | None
+) -> int:
+  """The most tokens ``pieces`` pieces can spell, each used at most its
+  limit: the longest first (exact for this bound)."""
+  limits = limits or (pieces,) * len(lengths)
+  total, left = 0, pieces
+  for length, limit in sorted(zip(lengths, limits, strict=True), reverse=True):
+    take = min(limit, left)
+    total += take * length
+    left -= take
+  return total
+
+
+def _chat_markers(chat) -> list[str]:
+  text = chat.begin + chat.role_start + chat.message_end
+  out, i = [], 0
+  while (start := text.find("<|", i)) >= 0:
+    end = text.find("|>", start)
+    out.append(text[start : end + 2])
+    i = end + 2
+  return out
+
+
+def _automaton(
+  token_bytes: np.ndarray, lengths: np.ndarray, pattern: bytes
+) -> tuple[np.ndarray, np.ndarray]:
+  """Per-token transitions of a KMP automaton for ``pattern``.
+
+  Returns:
+    next_state ``[vocab, m + 1]`` and hit ``[vocab, m + 1]`` (the pattern
+    ends inside the token), for every start state.
+  """
+  m = len(pattern)
+  fail = [0] * (m + 1)
+  k = 0
+  for i in range(1, m):
+    while k and pattern[i] != pattern[k]:
+      k = fail[k]
+    if pattern[i] == pattern[k]:
+      k += 1
+    fail[i + 1] = k
+  delta = np.zeros((m + 1, 256), np.int32)
+  for state in range(m + 1):
+    for byte in range(256):
+      s = fail[state] if state == m else state
+      while s and pattern[s] != byte:
+        s = fail[s]
+      delta[state, byte] = s + 1 if pattern[s] == byte else 0
+  vocab = token_bytes.shape[0]
+  state = np.tile(np.arange(m + 1, dtype=np.int32), (vocab, 1))
+  hit = np.zeros((vocab, m + 1), bool)
+  for j in range(token_bytes.shape[1]):
+    live = (j < lengths)[:, None]
+    nxt = delta[state, token_bytes[:, j][:, None]]
+    state = np.where(live, nxt, state)
+    hit |= live & (state == m)
+  return state, hit
+
+
+def _find(data: jax.Array, count: jax.Array, pattern: bytes) -> jax.Array:
+  """[N] bool: ``pattern`` starts at each position, within ``count``."""
+  n = data.shape[0]
+  idx = jnp.arange(n)
+  ok = idx + len(pattern) <= count
+  for j, byte in enumerate(pattern):
+    shifted = jnp.concatenate([data[j:], jnp.zeros(j, data.dtype)])
+    ok = ok & (shifted == byte)
+  return ok
+
+
+def _first(mask: jax.Array, default: int) -> jax.Array:
+  """Index of the first set position, or ``default``."""
+  return jnp.where(jnp.any(mask), jnp.argmax(mask), default).astype(jnp.int32)
+
+
+def parse_bytes(
+  data: jax.Array,
+  count: jax.Array,
+  *,
+  think: bool,
+  markers: tuple[bytes, ...],
+  max_actions: int,
+  action_bytes: jax.Array,
+  action_lengths: jax.Array,
+) -> Parsed:
+  """The answer grammar on bytes ``data [N]`` (``count`` used)."""
+  n = data.shape[0]
+  idx = jnp.arange(n)
+  a_open = _find(data, count, b"<answer>")
+  a_close = _find(data, count, b"</answer>")
+  if think:
+    t_open = _find(data, count, b"<think>")
+    t_close = _find(data, count, b"</think>")
+    is_ws = jnp.isin(data, jnp.frombuffer(WHITESPACE, np.uint8)) & (idx < count)
+    # After each position, the first non-whitespace position.
+    nonws_at = jnp.where(is_ws, n, idx)
+    next_nonws = jax.lax.cummin(nonws_at, reverse=True)
+    after_close = jnp.clip(idx + 8, 0, n - 1)
+    answer_at = jnp.where(idx + 8 < n, next_nonws[after_close], n)
+    answer_ok = (answer_at < n) & a_open[jnp.clip(answer_at, 0, n - 1)]
+    # A later "</answer>" must exist after that "<answer>".
+    close_after = jax.lax.cummax(jnp.where(a_close, idx, -1), reverse=True)
+    content_from = answer_at + 8
+    has_close = close_after[jnp.clip(content_from, 0, n - 1)] >= content_from
+    valid_close = t_close & answer_ok & has_close & (content_from < n)
+    first_open = _first(t_open, n)
+    j = _first(valid_close & (idx >= first_open + 7), n)
+    matched = (first_open < n) & (j < n)
+    start = content_from[jnp.clip(j, 0, n - 1)]
+  else:
+    first_open = _first(a_open, n)
+    start = first_open + 8
+    close_after = jax.lax.cummax(jnp.where(a_close, idx, -1), reverse=True)
+    matched = (
+      (first_open < n)
+      & (close_after[jnp.clip(start, 0, n - 1)] >= start)
+      & (start < n)
+    )
+  start = jnp.where(matched, start, 0)
+  end = jnp.where(
+    matched, _first(a_close & (idx >= start), n), 0
+  )  # the first "</answer>" after the content starts
+  # The answer's bytes, moved to the front.
+  content, length = pack([(data, (idx >= start) & (idx < end))], n)
+  # str.replace of each marker in turn: every occurrence is removed (markers
+  # cannot overlap themselves), and removals can create new occurrences of
+  # markers already processed, as in Python.
+  for marker in markers:
+    hit = _find(content, length, marker)
+    covered = jnp.zeros(n, bool)
+    for k in range(len(marker)):
+      covered = covered | jnp.concatenate([jnp.zeros(k, bool), hit[: n - k]])
+    content, length = pack([(content, (idx < length) & ~covered)], n)
+  return _split_actions(
+    content, length, matched, max_actions, action_bytes, action_lengths
+  )
+
+
+def _split_actions(
+  content: jax.Array,
+  length: jax.Array,
+  matched: jax.Array,
+  max_actions: int,
+  action_bytes: jax.Array,
+  action_lengths: jax.Array,
+) -> Parsed:
+  n = content.shape[0]
+  idx = jnp.arange(n)
+  inside = idx < length
+  bar = (content == ord("|")) & inside
+  # "a|||b".split("||") -> ["a", "|b"]: in a run of bars, separators start
+  # at every even offset from the run's start.
+  run_start = jax.lax.cummax(
+    jnp.where(bar & ~jnp.concatenate([jnp.zeros(1, bool), bar[:-1]]), idx, -1)
+  )
+  pair = bar & jnp.concatenate([bar[1:], jnp.zeros(1, bool)])
+  sep = pair & ((idx - run_start) % 2 == 0)
+  in_sep = sep | jnp.concatenate([jnp.zeros(1, bool), sep[:-1]])
+  part = jnp.cumsum(sep)  # part index of each byte
+  is_ws = jnp.isin(content, jnp.frombuffer(WHITESPACE, np.uint8))
+  solid = inside & ~in_sep & ~is_ws
+  prev_solid = jax.lax.cummax(jnp.where(solid, idx, -1))
+  prev_solid = jnp.concatenate([jnp.full(1, -1), prev_solid[:-1]])
+  first = solid & (
+    (prev_solid < 0) | (part[jnp.maximum(prev_solid, 0)] != part)
+  )
+  next_solid = jax.lax.cummin(jnp.where(solid, idx, n), reverse=True)
+  next_solid = jnp.concatenate([next_solid[1:], jnp.full(1, n)])
+  last = solid & (
+    (next_solid >= n) | (part[jnp.minimum(next_solid, n - 1)] != part)
+  )
+  starts, num = pack([(idx, first)], max_actions)
+  ends, _ = pack([(idx, last)], max_actions)
+  num_parts = jnp.where(matched, jnp.minimum(num, max_actions), 0)
+  # Compare each part with each action name, case-insensitively.
+  width = action_bytes.shape[1]
+  offs = jnp.arange(width)
+  part_len = ends - starts + 1  # [A]
+  window = content[jnp.clip(starts[:, None] + offs, 0, n - 1)]  # [A, width]
+  lower = jnp.where(
+    (window >= ord("A")) & (window <= ord("Z")), window + 32, window
+  )
+  same = (lower[:, None, :] == action_bytes[None, :, :]) | (
+    offs[None, None, :] >= action_lengths[None, :, None]
+  )
+  names = jnp.all(same, axis=-1) & (
+    part_len[:, None] == action_lengths[None, :]
+  )
+  found = jnp.any(names, axis=-1)
+  live = jnp.arange(max_actions) < num_parts
+  actions = jnp.where(found & live, jnp.argmax(names, axis=-1), -1)
+  return Parsed(
+    matched=matched,
+    actions=actions.astype(jnp.int32),
+    num_parts=num_parts.astype(jnp.int32),
+  )

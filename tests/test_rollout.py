@@ -1,0 +1,274 @@
+"""The compiled multi-turn rollout: scripted and random policies."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+from envs.sokoban import solve
+from starpo_jax import rollout, sampling, text
+from starpo_jax.models import transformer
+from tests import reference_envs as ref_envs
+from tests.envs.conftest import index, to_numpy
+from tests.helpers import TRACES, counted
+from tests.scripted import ScriptedPolicy
+from tests.text_fixtures import TOKENIZERS
+
+CFG = rollout.RolloutConfig(
+  env_groups=2,
+  group_size=3,
+  max_turns=6,
+  max_actions_per_turn=2,
+  max_actions_per_traj=12,
+  max_new_tokens=40,
+  max_context=1536,
+  temperature=0.0,
+)
+
+
+@functools.cache
+def runner(env_name: str, cfg: rollout.RolloutConfig):
+  env = envs.make(env_name)
+  play = jax.jit(
+    lambda policy, codec, key: rollout.rollout(policy, codec, env, cfg, key)
+  )
+  return env, play
+
+
+def initial_states(env, cfg, key):
+  reset = jax.jit(lambda k: rollout.reset(env, cfg, k))
+  return to_numpy(reset(rollout.reset_key(key)))
+
+
+def script_from(replies: list[list[str]], tok) -> jnp.ndarray:
+  rows = [[t for r in turns for t in tok.encode(r)] for turns in replies]
+  width = max(len(r) for r in rows) + 1
+  out = np.zeros((len(rows), width), np.int32)
+  for i, r in enumerate(rows):
+    out[i, : len(r)] = r
+  return jnp.asarray(out)
+
+
+def replies_by_turn(traj, tok, b: int) -> list[str]:
+  tokens = np.asarray(traj.tokens[b])
+  mask = np.asarray(traj.loss_mask[b])
+  turns = np.asarray(traj.turn_ids[b])
+  return [
+    tok.decode(tokens[mask & (turns == k)])
+    for k in range(int(np.max(turns)) + 1)
+  ]
+
+
+@pytest.mark.parametrize("tok_name", sorted(TOKENIZERS))
+def test_scripted_solution_solves_sokoban_with_ragens_rewards(tok_name):
+  tok = TOKENIZERS[tok_name]()
+  env, play = runner("sokoban", CFG)
+  codec = text.Codec.build(tok, env.spec, CFG.prompt_settings())
+  key = jax.random.key(11)
+  states = initial_states(env, CFG, key)
+  names = env.spec.action_names
+  styles = ["{} || {}", "{}||{}", " {} ||  {} ", "{}   ||{}"]
+  replies, expected, lengths = [], [], []
+  for b in range(CFG.batch):
+    s = index(states, b)
+    solution = solve(s.walls, s.targets, s.boxes, int(s.player), env.cols)
+    lengths.append(len(solution))
+    assert len(solution) <= CFG.max_turns * CFG.max_actions_per_turn
+    peer = ref_envs.Sokoban(
+      walls={divmod(int(i), env.cols) for i in np.flatnonzero(s.walls)},
+      targets={divmod(int(i), env.cols) for i in np.flatnonzero(s.targets)},
+      boxes={divmod(int(i), env.cols) for i in np.flatnonzero(s.boxes)},
+      player=divmod(int(s.player), env.cols),
+      rows=env.rows,
+      cols=env.cols,
+      max_steps=env.max_steps,
+    )
+    turns, rewards = [], []
+    for k in range(0, len(solution), 2):
+      chunk = solution[k : k + 2]
+      spelled = [
+        names[a].upper() if (k + b) % 3 == 0 else names[a] for a in chunk
+      ]
+      answer = (
+        styles[(k // 2 + b) % 4].format(*spelled)
+        if len(chunk) == 2
+        else spelled[0]
+      )
+      turns.append(
+        f"Turn {k // 2}: pushing.</think>\n<answer>{answer}</answer>"
+      )
+      rewards.append(sum(peer.step(a).reward for a in chunk))
+    assert peer.solved()
+    replies.append(turns)
+    expected.append(rewards)
+  policy = ScriptedPolicy(script_from(replies, tok), tok.vocab_size)
+  traj = to_numpy(play(policy, codec, key))
+  for b in range(CFG.batch):
+    n = len(expected[b])
+    np.testing.assert_allclose(traj.turn_rewards[b, :n], expected[b], atol=1e-5)
+    assert traj.turn_played[b, :n].all() and not traj.turn_played[b, n:].any()
+    assert traj.turn_valid[b, :n].all() and not traj.turn_penalized[b].any()
+    assert traj.success[b] and traj.terminated[b] and not traj.truncated[b]
+    assert replies_by_turn(traj, tok, b) == replies[b]
+    # Each turn's reward sits on its reply's last token.
+    ends = [
+      np.flatnonzero(traj.loss_mask[b] & (traj.turn_ids[b] == k))[-1]
+      for k in range(n)
+    ]
+    np.testing.assert_allclose(traj.rewards[b, ends], expected[b], atol=1e-5)
+    assert traj.rewards[b].sum() == pytest.approx(
+      traj.episode_return[b], abs=1e-5
+    )
+  np.testing.assert_array_equal(traj.num_actions, lengths)
+
+
+def test_scripted_bandit_pulls_the_risky_arm_in_one_turn():
+  tok = TOKENIZERS["compact"]()
+  env, play = runner("bandit", CFG)
+  codec = text.Codec.build(tok, env.spec, CFG.prompt_settings())
+  key = jax.random.key(5)
+  states = initial_states(env, CFG, key)
+  names = env.spec.action_names
+  replies = [
+    [f"risky pays more</think><answer> {names[h].lower()} </answer>"]
+    for h in states.high
+  ]
+  traj = to_numpy(
+    play(ScriptedPolicy(script_from(replies, tok), tok.vocab_size), codec, key)
+  )
+  assert traj.success.all() and traj.terminated.all()
+  assert traj.turn_played[:, 0].all() and not traj.turn_played[:, 1:].any()
+  assert set(np.unique(traj.episode_return)) <= {0.0, 1.0}
+
+
+def test_garbage_gets_the_format_penalty_every_turn_without_nan():
+  tok = TOKENIZERS["compact"]()
+  cfg = CFG
+  env, play = runner("sokoban", cfg)
+  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  rng = np.random.default_rng(0)
+  # Uniformly random token ids, chat markers and tags included.
+  script = jnp.asarray(rng.integers(0, tok.vocab_size, (cfg.batch, 400)))
+  traj = to_numpy(
+    play(ScriptedPolicy(script, tok.vocab_size), codec, jax.random.key(1))
+  )
+  played = traj.turn_played
+  assert played.sum() >= cfg.batch * 2
+  np.testing.assert_array_equal(traj.turn_penalized, played)
+  np.testing.assert_allclose(traj.turn_rewards[played], cfg.format_penalty)
+  assert np.isfinite(traj.episode_return).all()
+  assert not traj.success.any()
+  # No valid action, so the next observation carries RAGEN's warning.
+  first = tok.decode(traj.tokens[0, : traj.length[0]])
+  if played[0, 1]:
+    assert "No valid action provided previously." in first
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_recorded_logprobs_equal_an_uncached_forward(temperature):
+  tok = TOKENIZERS["compact"]()
+  cfg = rollout.RolloutConfig(
+    env_groups=2,
+    group_size=2,
+    max_turns=3,
+    max_new_tokens=16,
+    max_context=768,
+    temperature=temperature,
+  )
+  env, play = runner("sokoban", cfg)
+  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  model = transformer.create(
+    transformer.preset("tiny", vocab_size=tok.vocab_size)
+  )
+  traj = play(model, codec, jax.random.key(2))
+  logits = jax.jit(lambda m, t: m(t)[0])(model, traj.tokens)
+  logp = sampling.policy_logprobs(logits, temperature)[:, :-1]
+  want = jnp.take_along_axis(logp, traj.tokens[:, 1:, None], axis=-1)[..., 0]
+  mask = np.asarray(traj.loss_mask[:, 1:])
+  assert mask.sum() > 20
+  got = np.asarray(traj.logprobs[:, 1:])[mask]
+  np.testing.assert_allclose(got, np.asarray(want)[mask], atol=1e-5)
+  assert not np.asarray(traj.loss_mask[:, 0]).any()
+
+
+def test_group_members_share_a_level_and_groups_differ():
+  env = envs.make("sokoban")
+  cfg = rollout.RolloutConfig(env_groups=4, group_size=3)
+  states = initial_states(env, cfg, jax.random.key(7))
+  boxes = states.boxes.reshape(4, 3, -1)
+  player = states.player.reshape(4, 3)
+  assert (boxes == boxes[:, :1]).all() and (player == player[:, :1]).all()
+  assert (
+    len({(tuple(b[0]), p[0]) for b, p in zip(boxes, player, strict=True)}) > 1
+  )
+  assert len({tuple(k) for k in states.key}) == cfg.batch
+
+
+def test_a_full_context_ends_the_episode_as_truncated():
+  tok = TOKENIZERS["compact"]()
+  env = envs.make("sokoban")
+  settings = CFG.prompt_settings()
+  codec = text.Codec.build(tok, env.spec, settings)
+  system = len(codec.fragments.system)
+  chunk = codec.turn_chunk_size(CFG.max_turns, CFG.max_actions_per_traj)
+  cfg = rollout.RolloutConfig(
+    env_groups=1,
+    group_size=2,
+    max_turns=6,
+    max_new_tokens=40,
+    max_context=system + chunk + 30,
+    temperature=0.0,
+  )
+  _, play = runner("sokoban", cfg)
+  # Valid but useless answers: every turn keeps the episode going.
+  replies = [["wait</think><answer>Up</answer>"] * 6] * 2
+  traj = to_numpy(
+    play(
+      ScriptedPolicy(script_from(replies, tok), tok.vocab_size),
+      codec,
+      jax.random.key(0),
+    )
+  )
+  assert traj.context_truncated.all() and traj.truncated.all()
+  assert (traj.length <= cfg.max_context).all()
+  assert traj.num_turns.max() < cfg.max_turns
+  with pytest.raises(ValueError, match=r"max_context=.* is too small"):
+    small = rollout.RolloutConfig(max_context=system + 5)
+    rollout.rollout(
+      ScriptedPolicy(jnp.zeros((small.batch, 1), jnp.int32), tok.vocab_size),
+      codec,
+      env,
+      small,
+      jax.random.key(0),
+    )
+
+
+def test_rollout_of_128_episodes_compiles_once_without_host_callbacks():
+  tok = TOKENIZERS["compact"]()
+  env = envs.make("sokoban")
+  cfg = rollout.RolloutConfig(
+    env_groups=16,
+    group_size=8,
+    max_turns=2,
+    max_new_tokens=8,
+    max_context=640,
+  )
+  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  model = transformer.create(
+    transformer.preset("tiny", vocab_size=tok.vocab_size)
+  )
+  fn = counted("rollout128", lambda m, c, k: rollout.rollout(m, c, env, cfg, k))
+  play = jax.jit(fn)
+  first = play(model, codec, jax.random.key(0))
+  second = play(model, codec, jax.random.key(1))
+  assert TRACES["rollout128"] == 1
+  assert first.tokens.shape == (128, cfg.max_context)
+  assert not np.array_equal(np.asarray(first.tokens), np.asarray(second.tokens))
+  jaxpr = str(jax.make_jaxpr(fn)(model, codec, jax.random.key(0)))
+  assert "callback" not in jaxpr
+  assert np.isfinite(np.asarray(second.logprobs)).all()

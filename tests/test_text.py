@@ -1,0 +1,283 @@
+"""The Codec: rendering, prompts and answer parsing inside jit, against
+plain-Python references."""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+from starpo_jax import text
+from tests import reference_text as ref
+from tests.envs.conftest import level_pool, to_numpy
+from tests.text_fixtures import SETTINGS, TOKENIZERS, byte_token, env_variants
+
+MAX_TOKENS = 64
+
+FRAGMENTS = [
+  "<think>",
+  "</think>",
+  "<answer>",
+  "</answer>",
+  "<Answer>",
+  "</ANSWER>",
+  "<answer >",
+  "</ answer>",
+  "<think",
+  "answer>",
+  "</",
+  "<|im_end|>",
+  "<|im_start|>",
+  "||",
+  "|",
+  "|||",
+  " || ",
+  " ",
+  "  ",
+  "\n",
+  "\t",
+  "\r\n",
+  "up",
+  "UP",
+  "Up",
+  "Right",
+  "rIgHt",
+  "down",
+  "LEFT",
+  "Left ",
+  " left",
+  "Upp",
+  "U p",
+  "Teacher",
+  "Trader",
+  "nothing",
+  "I think",
+  "Right||Up",
+  "√",
+  "日本",
+  "\u00a0",
+  "é",
+  "\u212a",
+  "😀",
+]
+
+
+def random_answer(rng: random.Random) -> list:
+  """A fragment list biased towards well-formed (and nearly) answers."""
+  pick = lambda good, bad, p=0.85: good if rng.random() < p else rng.choice(bad)
+  actions = ["Up", "down", "LEFT", "right", "Jump", "", " ", "Up Down", "uP"]
+  actions += ["Teacher", "trader", "venturecapitalist", "Explorer", "Teach"]
+  parts = [rng.choice(actions) for _ in range(rng.randint(0, 4))]
+  sep = pick(rng.choice(["||", " || "]), ["|", "|||", ",", "||||"], 0.8)
+  body = [
+    # The prompt already opened <think>; replies sometimes repeat it.
+    rng.choice(["", "", "", "<think>", "<Think>"]),
+    rng.choice(["ok", "", "a</think>b", "<answer>x</answer>", "think"]),
+    pick("</think>", ["</think >", "", "</Think>"]),
+    rng.choice(["", "", " ", "\n\n", "\t", "x"]),
+    pick("<answer>", ["<answer> ", "<answers>", "", "<ANSWER>"]),
+    sep.join(parts),
+    rng.choice(["", "", "<|im_end|>", "<think>", " "]),
+    pick("</answer>", ["</answe", "", "</ANSWER>"]),
+    rng.choice(["", "", "<|im_end|>", "</answer>", " more"]),
+  ]
+  return [f for f in body if f]
+
+
+def random_fragments(rng: random.Random) -> list:
+  if rng.random() < 0.6:
+    out = random_answer(rng)
+  else:
+    out = [rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 12))]
+  if rng.random() < 0.3:
+    # Raw bytes, often not valid UTF-8.
+    out.insert(rng.randint(0, len(out)), bytes([rng.randrange(256)]))
+  return out
+
+
+def to_tokens(tok, fragments: list, rng: random.Random) -> list[int]:
+  """Fragments -> token ids; strings are sometimes split mid-tag first."""
+  ids = []
+  for f in fragments:
+    if isinstance(f, bytes):
+      ids += [byte_token(tok, b) for b in f]
+    elif len(f) > 1 and rng.random() < 0.25:
+      cut = rng.randrange(1, len(f))
+      ids += tok.encode(f[:cut]) + tok.encode(f[cut:])
+    else:
+      ids += tok.encode(f)
+  return ids[:MAX_TOKENS]
+
+
+@functools.cache
+def _parser(codec_key):
+  codec = CODECS[codec_key]
+  return jax.jit(jax.vmap(codec.parse))
+
+
+CODECS: dict = {}
+
+
+def codec_for(tok_name: str, env_name: str, think: bool) -> text.Codec:
+  key = (tok_name, env_name, think)
+  if key not in CODECS:
+    settings = text.PromptSettings(enable_think=think, max_actions_per_turn=3)
+    spec = envs.make(env_name).spec
+    CODECS[key] = text.Codec.build(TOKENIZERS[tok_name](), spec, settings)
+  return CODECS[key]
+
+
+@pytest.mark.parametrize(
+  "tok_name, env_name, think, count",
+  [
+    ("compact", "sokoban", True, 10_000),
+    ("bpe", "sokoban", True, 10_000),
+    ("compact", "bandit", False, 2_000),
+  ],
+)
+def test_jitted_parse_equals_the_regex_reference(
+  tok_name, env_name, think, count
+):
+  tok = TOKENIZERS[tok_name]()
+  codec = codec_for(tok_name, env_name, think)
+  spec = envs.make(env_name).spec
+  rng = random.Random(f"{tok_name}{env_name}{think}")
+  samples = [to_tokens(tok, random_fragments(rng), rng) for _ in range(count)]
+  tokens = np.zeros((count, MAX_TOKENS), np.int32)
+  lengths = np.asarray([len(s) for s in samples], np.int32)
+  for i, s in enumerate(samples):
+    tokens[i, : len(s)] = s
+  parse = _parser((tok_name, env_name, think))
+  matched_count = valid_count = 0
+  for lo in range(0, count, 2000):
+    got = to_numpy(
+      parse(
+        jnp.asarray(tokens[lo : lo + 2000]),
+        jnp.asarray(lengths[lo : lo + 2000]),
+      )
+    )
+    for j in range(got.matched.shape[0]):
+      i = lo + j
+      reply = b"".join(tok.token_bytes(t) for t in samples[i])
+      # RAGEN prepends the tag the prompt ended with.
+      data = (b"<think>" if think else b"<answer>") + reply
+      matched, actions = ref.parse(
+        data,
+        think=think,
+        markers=codec.markers,
+        max_actions=3,
+        action_names=spec.action_names,
+      )
+      assert bool(got.matched[j]) == matched, data
+      assert got.num_parts[j] == len(actions), data
+      assert list(got.actions[j, : len(actions)]) == actions, data
+      assert np.all(got.actions[j, len(actions) :] == -1), data
+      matched_count += matched
+      valid_count += any(a >= 0 for a in actions)
+  # The generator must exercise both outcomes, and valid actions.
+  assert 0.2 * count < matched_count < 0.9 * count
+  assert valid_count > 0.05 * count
+
+
+@pytest.mark.parametrize("tok_name", sorted(TOKENIZERS))
+def test_rendered_tokens_decode_to_the_rendered_text(tok_name):
+  tok = TOKENIZERS[tok_name]()
+  for name, env in env_variants():
+    codec = text.Codec.build(tok, env.spec, SETTINGS)
+    states = jax.tree.map(lambda x: x[:64], level_pool(name))
+
+    @jax.jit
+    def render(codec, states, env=env):
+      pieces, n = jax.vmap(env.render)(states)
+      return pieces, n, *jax.vmap(codec.render)(pieces, n)
+
+    pieces, n, tokens, count = map(np.asarray, render(codec, states))
+    for i in range(64):
+      want = envs.to_text(env.spec, pieces[i], n[i])
+      assert tok.decode(tokens[i, : count[i]]) == want
+
+
+@pytest.mark.parametrize(
+  "value", [0.0, -0.1, 0.1, 10.9, -1.1, 1.0, 0.25, -0.3, 0.05, 123.45, -20.0]
+)
+def test_rewards_are_written_as_the_reference_formats_them(value):
+  codec = codec_for("compact", "sokoban", True)
+  ids, keep = codec.reward(jnp.float32(value))
+  tok = TOKENIZERS["compact"]()
+  got = tok.decode(np.asarray(ids)[np.asarray(keep)])
+  assert got == ref.format_reward(float(np.float32(value)))
+  assert got == text.format_reward(float(np.float32(value)))
+
+
+def test_turn_chunks_decode_to_ragens_prompt():
+  tok = TOKENIZERS["bpe"]()
+  env = envs.make("sokoban")
+  codec = text.Codec.build(tok, env.spec, SETTINGS)
+  size = codec.turn_chunk_size(5, 10)
+  states = jax.tree.map(lambda x: x[:8], level_pool("sokoban"))
+  obs = jax.jit(jax.vmap(codec.render))(*jax.vmap(env.render)(states))
+  rng = np.random.default_rng(0)
+  for i in range(8):
+    case = dict(
+      turn=int(rng.integers(0, 5)),
+      reward=float(np.float32(rng.choice([-0.1, 10.9, -1.2, 0.8]))),
+      warn=bool(rng.integers(0, 2)),
+      actions_left=int(rng.integers(0, 11)),
+      ended_by_stop=bool(rng.integers(0, 2)),
+    )
+    row = (obs[0][i], obs[1][i])
+    ids, count = codec.turn_chunk(
+      jnp.int32(case["turn"]),
+      row,
+      jnp.float32(case["reward"]),
+      jnp.bool_(case["warn"]),
+      jnp.int32(case["actions_left"]),
+      jnp.bool_(case["ended_by_stop"]),
+      size,
+      5,
+      10,
+    )
+    observation = tok.decode(np.asarray(obs[0][i])[: int(obs[1][i])])
+    want = ref.turn_text(
+      observation=observation, think=True, hint=SETTINGS.response_hint, **case
+    )
+    assert tok.decode(np.asarray(ids)[: int(count)]) == want
+
+
+def test_system_prompt_lists_instructions_legend_and_actions():
+  spec = envs.make("sokoban").spec
+  system = text.system_text(spec, SETTINGS)
+  assert system.startswith("You're a helpful assistant. You are solving")
+  assert "#: wall, _: empty, O: target" in system
+  assert "Up, Down, Left, Right" in system
+  assert "up to 2 actions" in system
+  bandit = text.system_text(envs.make("bandit").spec, SETTINGS)
+  assert "available actions" not in bandit
+
+
+@pytest.mark.parametrize("tok_name", sorted(TOKENIZERS))
+def test_stop_automaton_finds_answer_close_split_across_tokens(tok_name):
+  tok = TOKENIZERS[tok_name]()
+  codec = codec_for(tok_name, "sokoban", True)
+  rng = random.Random(tok_name)
+  step = jax.jit(lambda c, s, t: c.stop_step(s, t))
+  hits = 0
+  for _ in range(300):
+    ids = to_tokens(tok, random_fragments(rng), rng)
+    state = jnp.int32(0)
+    seen = b""
+    for t in ids:
+      state, hit = step(codec, state, jnp.int32(t))
+      before = len(seen)
+      seen += tok.token_bytes(t)
+      # A hit exactly when an occurrence of "</answer>" ends in this token.
+      ends = [m.end() for m in re.finditer(rb"</answer>", seen)]
+      assert bool(hit) == any(e > before for e in ends), seen
+      hits += bool(hit)
+  assert hits > 50
