@@ -21,6 +21,7 @@ trajectory.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
@@ -212,12 +213,14 @@ def rollout(
   env: Env,
   cfg: RolloutConfig,
   key: jax.Array,
+  constrain: Callable[[Any], Any] = lambda tree: tree,
 ) -> Trajectory:
   """Plays ``cfg.batch`` episodes; jit it with ``model`` and ``codec`` as
   arguments (``env`` and ``cfg`` are static).
 
   The cache ``model.init_cache`` returns must have ``length [B]`` (tokens
-  held per sequence) and ``broadcast(batch)``.
+  held per sequence) and ``broadcast(batch)``. ``constrain`` places
+  episode-batch arrays on devices (``sharding.batch_constraint``).
   """
   b, k_turns, t_new, length = (
     cfg.batch,
@@ -230,7 +233,7 @@ def rollout(
   # the context never clamps onto earlier tokens.
   width = length + chunk
   k_reset, k_sample = jax.random.split(key)
-  states = reset(env, cfg, k_reset)
+  states = constrain(reset(env, cfg, k_reset))
 
   system = jnp.asarray(codec.fragments.system, jnp.int32)
   if system.shape[0] + chunk + 1 > length:
@@ -264,6 +267,7 @@ def rollout(
     context_truncated=false,
     key=k_sample,
   )
+  carry = constrain(carry)
   decode_sampling = cfg.sampling
   stop_ids = jnp.asarray(codec.stop_ids, jnp.int32)
 
@@ -343,10 +347,19 @@ def rollout(
         key=c.key,
       ),
     )
-    parsed = jax.vmap(codec.parse)(d.reply, d.count)
+    parsed = constrain(jax.vmap(codec.parse)(d.reply, d.count))
 
     def act(carry, slot):
-      states, used, env_done, reward, effective, success, terminated = carry
+      (
+        states,
+        used,
+        env_done,
+        reward,
+        effective,
+        success,
+        terminated,
+        unavailable,
+      ) = carry
       action = parsed.actions[:, slot]
       budget = used < cfg.max_actions_per_traj
       go = active & (action >= 0) & ~env_done & budget
@@ -364,6 +377,7 @@ def rollout(
         effective | (go & ts.effective),
         jnp.where(go, ts.success, success),
         jnp.where(go, ts.terminated, terminated),
+        unavailable + (go & ~ts.valid),
       ), None
 
     init = (
@@ -374,11 +388,26 @@ def rollout(
       false,
       c.success,
       c.terminated,
+      jnp.zeros((b,), jnp.int32),
     )
-    (states, used, env_done, env_reward, effective, success, terminated), _ = (
-      jax.lax.scan(act, init, jnp.arange(cfg.max_actions_per_turn))
-    )
-    num_valid = parsed.num_valid
+    (
+      (
+        states,
+        used,
+        env_done,
+        env_reward,
+        effective,
+        success,
+        terminated,
+        unavailable,
+      ),
+      _,
+    ) = jax.lax.scan(act, init, jnp.arange(cfg.max_actions_per_turn))
+    # An action name the environment does not offer in this state (the
+    # bandit's arms are two of many names) is invalid, as in RAGEN, where
+    # each episode's action lookup holds only what it offers: it costs the
+    # format penalty rather than passing as a free no-op.
+    num_valid = parsed.num_valid - unavailable
     penalized = active & ((num_valid == 0) | (num_valid < parsed.num_parts))
     reward = env_reward + jnp.where(penalized, cfg.format_penalty, 0.0)
     last_pos = d.cache.length - 1
@@ -405,6 +434,7 @@ def rollout(
       context_truncated=context_truncated,
       key=d.key,
     )
+    new_c = constrain(new_c)
     per_turn = dict(
       reward=jnp.where(active, reward, 0.0),
       played=active,

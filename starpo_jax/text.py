@@ -95,6 +95,11 @@ def prompt_pieces(spec: EnvSpec, settings: PromptSettings) -> list[str]:
   fmt = FORMAT_THINK if settings.enable_think else FORMAT_NO_THINK
   return [
     *spec.pieces,
+    # What answers are made of, so each action is one token.
+    *spec.action_names,
+    *(f" {name}" for name in spec.action_names),
+    "||",
+    " || ",
     system_text(spec, settings),
     "Reward:\n",
     "\nTurn ",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -272,3 +273,35 @@ def test_rollout_of_128_episodes_compiles_once_without_host_callbacks():
   jaxpr = str(jax.make_jaxpr(fn)(model, codec, jax.random.key(0)))
   assert "callback" not in jaxpr
   assert np.isfinite(np.asarray(second.logprobs)).all()
+
+
+def test_bandit_arm_not_offered_is_invalid_and_penalised():
+  # RAGEN's lookup holds only the two offered arms: naming any other arm
+  # is no valid action (format penalty, warning), never a free no-op.
+  tok = TOKENIZERS["compact"]()
+  cfg = dataclasses.replace(CFG, max_turns=2)
+  env, play = runner("bandit", cfg)
+  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  key = jax.random.key(6)
+  states = initial_states(env, cfg, key)
+  names = env.spec.action_names
+  offered = [
+    {int(lo), int(hi)} for lo, hi in zip(states.low, states.high, strict=True)
+  ]
+  other = [next(i for i in range(len(names)) if i not in o) for o in offered]
+  replies = [
+    [
+      f"</think><answer>{names[o]}</answer>",
+      f"</think><answer>{names[h]}</answer>",
+    ]
+    for o, h in zip(other, states.high, strict=True)
+  ]
+  traj = to_numpy(
+    play(ScriptedPolicy(script_from(replies, tok), tok.vocab_size), codec, key)
+  )
+  assert traj.turn_penalized[:, 0].all() and not traj.turn_valid[:, 0].any()
+  np.testing.assert_allclose(traj.turn_rewards[:, 0], cfg.format_penalty)
+  # The episode goes on: the second turn pulls the offered risky arm.
+  assert traj.turn_valid[:, 1].all() and traj.success.all()
+  first = tok.decode(traj.tokens[0, : traj.length[0]])
+  assert "No valid action provided previously." in first

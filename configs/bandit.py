@@ -1,0 +1,36 @@
+"""The two-armed bandit with risk-hinting arm names (RAGEN's Bandit).
+
+  python -m starpo_jax.main --config=configs/bandit.py
+  python -m starpo_jax.main \\
+    --config=configs/bandit.py:model=qwen2.5-0.5b,ckpt=/models/Qwen2.5-0.5B-Instruct
+
+Training draws arm names from the train list; validation uses the disjoint
+test list (``env.eval_kwargs.split``), so it measures whether the policy
+learned what the names mean. A model trained from scratch has never seen
+the held-out names (their embeddings never train), so only a pretrained
+checkpoint can generalise there; the tiny model's validation also reports
+the training names on held-out seeds.
+"""
+
+from configs import common
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg)
+  c = common.base_config()
+  c.env.name = "bandit"
+  c.env.eval_kwargs.split = "test"
+  common.apply_preset(c, args["algo"])
+  common.apply_model(c, args)
+  c.rollout.max_turns = 1
+  c.rollout.max_actions_per_turn = 1
+  c.rollout.max_actions_per_traj = 1
+  # One turn: no credit to assign over time, so group-relative advantages
+  # (no critic to train) unless a critic-based preset is asked for.
+  if args["algo"] == "starpo_s":
+    c.algo.adv_estimator = "grpo"
+  if args["model"] == "tiny":
+    c.rollout.max_new_tokens = 4
+    c.rollout.max_context = 192
+    c.train.steps = 100
+  return c

@@ -1,0 +1,197 @@
+"""Shared pieces of the config files: the base config, argument parsing
+and the algorithm presets.
+
+A config file's ``get_config(arg)`` receives what follows ``:`` in
+``--config=configs/sokoban.py:model=qwen2.5-0.5b,ckpt=/models/qwen``;
+``parse_arg`` turns it into a dict over known keys. Any field can then be
+overridden with ``--config.rollout.group_size=16`` (unknown keys and wrong
+types are rejected by name).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+# --config=FILE:key=value,... keys and their defaults.
+ARG_DEFAULTS = {"model": "tiny", "ckpt": "", "algo": "starpo_s"}
+
+PRESETS = ("starpo", "starpo_s", "grpo", "dapo")
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> dict[str, Any]:
+  """``"model=tiny,ckpt=/p"`` -> ``{"model": "tiny", "ckpt": "/p", ...}``.
+
+  Raises:
+    ValueError: for an unknown key or a malformed item, naming it.
+  """
+  known = {**ARG_DEFAULTS, **defaults}
+  out = dict(known)
+  if not arg:
+    return out
+  for item in arg.split(","):
+    if "=" not in item:
+      raise ValueError(f"config argument {item!r} is not key=value")
+    key, value = item.split("=", 1)
+    if key not in known:
+      raise ValueError(
+        f"unknown config argument {key!r}; known: {sorted(known)}"
+      )
+    out[key] = value
+  return out
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every setting with its default (RAGEN's where it has one)."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  c.env = ml_collections.ConfigDict()
+  c.env.name = "sokoban"
+  c.env.kwargs = ml_collections.ConfigDict()  # passed to envs.make
+  # Validation may use other settings (the bandit's held-out arm names).
+  c.env.eval_kwargs = ml_collections.ConfigDict()
+
+  c.model = ml_collections.ConfigDict()
+  c.model.preset = "tiny"
+  c.model.ckpt = ""  # a Hugging Face directory; empty: random init
+  c.model.tokenizer = ""  # a tokenizer.json directory; empty: see README
+  c.model.dtype = "float32"
+  c.model.param_dtype = "float32"
+  # The tiny model's shape, when model.preset is "tiny".
+  c.model.hidden_size = 128
+  c.model.num_layers = 2
+  c.model.num_heads = 4
+  c.model.num_kv_heads = 2
+  c.model.head_dim = 32
+  c.model.intermediate_size = 384
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.env_groups = 8
+  c.rollout.group_size = 16
+  c.rollout.max_turns = 5
+  c.rollout.max_actions_per_turn = 2
+  c.rollout.max_actions_per_traj = 10
+  c.rollout.max_new_tokens = 100
+  c.rollout.max_context = 2048
+  c.rollout.format_penalty = -0.1
+  c.rollout.enable_think = True
+  c.rollout.answer_vocab = False
+  c.rollout.temperature = 1.0
+  c.rollout.top_p = 1.0
+  c.rollout.top_k = 0
+
+  c.algo = ml_collections.ConfigDict()
+  c.algo.adv_estimator = "gae"
+  c.algo.gamma = 1.0
+  c.algo.lam = 1.0
+  c.algo.turn_gamma = 0.95
+  c.algo.norm_adv_by_std = True
+  c.algo.use_turn_scores = False
+  c.algo.clip_low = 0.2
+  c.algo.clip_high = 0.28
+  c.algo.dual_clip = 3.0
+  c.algo.entropy_coef = 0.001
+  c.algo.loss_agg = "token-mean"
+  c.algo.kl_coef = 0.0
+  c.algo.kl_estimator = "k3"
+  c.algo.kl_in_reward = False
+  c.algo.value_clip = 0.5
+  c.algo.epochs = 1
+  c.algo.minibatches = 4
+  c.algo.logits_chunk = 512
+
+  c.filter = ml_collections.ConfigDict()
+  c.filter.metric = "reward_std"
+  c.filter.strategy = "top_p"
+  c.filter.value = 1.0
+  c.filter.largest = True
+  c.filter.include_zero = True
+  c.filter.top_p_mode = "linear"
+  c.filter.selection_eps = 0.01
+  c.filter.loss_scaling = "none"
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr = 1e-6
+  c.optim.critic_lr = 1e-5
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.999
+  c.optim.weight_decay = 0.01
+  c.optim.grad_clip = 1.0
+  c.optim.warmup_steps = 0
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 200
+  c.train.log_every = 1
+  c.train.eval_every = 10  # <= 0: no evaluation
+  c.train.eval_groups = 64  # held-out episodes per evaluation
+  c.train.eval_temperatures = (0.5, 0.0)  # RAGEN's 0.5, and greedy
+  c.train.checkpoint_every = 20
+  c.train.keep_checkpoints = 3
+  c.train.max_nonfinite_steps = 3
+  c.train.transcripts = True
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 fills the rest
+  c.logical_axis_rules = (
+    ("layers", None),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", "tensor"),
+    ("head_dim", None),
+  )
+  return c
+
+
+def apply_preset(c: ml_collections.ConfigDict, name: str) -> None:
+  """The algorithm presets (RAGEN's StarPO / StarPO-S, GRPO, DAPO)."""
+  if name not in PRESETS:
+    raise ValueError(f"unknown algo preset {name!r}; known: {PRESETS}")
+  if name == "starpo":
+    # PPO with a critic, KL to the reference, symmetric clipping.
+    c.algo.adv_estimator = "gae"
+    c.algo.kl_coef = 0.001
+    c.algo.clip_high = 0.2
+    c.filter.value = 1.0
+  elif name == "starpo_s":
+    # Variance filtering (keep the top quarter of groups), clip-higher, no
+    # KL: RAGEN's stabilised recipe.
+    c.algo.adv_estimator = "gae"
+    c.algo.kl_coef = 0.0
+    c.algo.clip_high = 0.28
+    c.filter.value = 0.25
+  elif name == "grpo":
+    c.algo.adv_estimator = "grpo"
+    c.algo.kl_coef = 0.001
+    c.algo.clip_high = 0.2
+    c.filter.value = 1.0
+  else:
+    # DAPO: clip-higher, no KL, token-mean, and dynamic sampling (groups
+    # whose rewards are all equal carry no signal and are dropped).
+    c.algo.adv_estimator = "grpo"
+    c.algo.kl_coef = 0.0
+    c.algo.clip_high = 0.28
+    c.algo.loss_agg = "token-mean"
+    c.filter.value = 1.0
+    c.filter.include_zero = False
+
+
+def apply_model(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
+  """``model=`` / ``ckpt=`` arguments, with settings fit for each model."""
+  c.model.preset = args["model"]
+  c.model.ckpt = args["ckpt"]
+  if args["model"] == "tiny":
+    # A model trained from scratch has no language: it answers with actions
+    # only, from the tokens answers are made of, and learns fast enough on a
+    # CPU with a larger learning rate.
+    c.rollout.enable_think = False
+    c.rollout.answer_vocab = True
+    c.optim.lr = 1e-3
+    c.optim.critic_lr = 1e-3
+    c.optim.weight_decay = 0.0
+  else:
+    c.model.dtype = "bfloat16"
+    c.model.param_dtype = "bfloat16"

@@ -1,0 +1,89 @@
+"""Metric writers (TensorBoard, JSONL) and a one-line progress display."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from tensorboardX import SummaryWriter
+
+
+class MetricWriter:
+  """Writes scalars to ``metrics.jsonl`` and TensorBoard event files.
+
+  Only process 0 of a multi-host run writes (``enabled``).
+  """
+
+  def __init__(self, workdir: str, enabled: bool = True) -> None:
+    self.enabled = enabled
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._tb = (
+      SummaryWriter(os.path.join(workdir, "tensorboard")) if (enabled) else None
+    )
+
+  def truncate_after(self, step: int) -> None:
+    """Drops records of steps after ``step`` (a resumed run redoes them)."""
+    if not self.enabled or not os.path.exists(self.path):
+      return
+    with open(self.path) as f:
+      records = [json.loads(line) for line in f if line.strip()]
+    with open(self.path, "w") as f:
+      for r in records:
+        if r["step"] <= step:
+          f.write(json.dumps(r) + "\n")
+
+  def write(self, step: int, metrics: dict[str, float]) -> None:
+    if not self.enabled:
+      return
+    with open(self.path, "a") as f:
+      f.write(json.dumps({"step": step, **metrics}) + "\n")
+    for name, value in metrics.items():
+      self._tb.add_scalar(name, value, step)
+    self._tb.flush()
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_metrics(workdir: str) -> list[dict[str, Any]]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class Progress:
+  """``step 12/300 [####-----] reward 0.31 success 12% 3.1 s/step``."""
+
+  def __init__(self, total: int, enabled: bool = True, width: int = 24):
+    self.total, self.enabled, self.width = total, enabled, width
+    self.tty = sys.stderr.isatty()
+    self.start = time.perf_counter()
+    self.first_step: int | None = None
+
+  def update(self, step: int, metrics: dict[str, float]) -> None:
+    if not self.enabled:
+      return
+    if self.first_step is None:
+      self.first_step, self.start = step, time.perf_counter()
+    done = int(self.width * step / max(self.total, 1))
+    bar = "#" * done + "-" * (self.width - done)
+    rate = ""
+    if step > self.first_step:
+      per = (time.perf_counter() - self.start) / (step - self.first_step)
+      rate = f" {per:.1f} s/step"
+    line = (
+      f"step {step}/{self.total} [{bar}] "
+      f"reward {metrics.get('rollout/return', float('nan')):.2f} "
+      f"success {100 * metrics.get('rollout/success', 0.0):.0f}%{rate}"
+    )
+    if "eval/success" in metrics:
+      line += f" | eval success {100 * metrics['eval/success']:.0f}%"
+    end = "\r" if self.tty else "\n"
+    print(line, end=end, file=sys.stderr, flush=True)
+
+  def close(self) -> None:
+    if self.enabled and self.tty:
+      print(file=sys.stderr)
