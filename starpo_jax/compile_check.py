@@ -1,0 +1,185 @@
+"""Ahead-of-time check: compile the train step for a mesh, print memory.
+
+Sizes a run before renting hardware: lowers and compiles the whole step
+(rollout and update) for the configured mesh on simulated CPU devices, or
+for a named TPU topology where the installed JAX can (it needs ``libtpu``),
+and prints per-device parameter, optimizer and activation memory. Nothing is
+allocated: parameters are abstract, so a 7B model checks on a laptop.
+
+  python -m starpo_jax.compile_check \\
+    --config=configs/sokoban.py:model=qwen2.5-3b --mesh=2,4,1
+  python -m starpo_jax.compile_check --config=configs/bandit.py \\
+    --mesh=1,1,1 --mesh=1,2,1 --mesh=1,4,1 --json=report.json
+  python -m starpo_jax.compile_check \\
+    --config=configs/sokoban.py:model=qwen2.5-7b --topology=v5e:4x4 --mesh=2,8,1
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Training configuration file.", lock_config=True
+)
+_MESH = flags.DEFINE_multi_string(
+  "mesh", [], "data,fsdp,tensor (repeat to compare meshes); default: config"
+)
+_TOPOLOGY = flags.DEFINE_string(
+  "topology", None, "A TPU topology such as v5e:2x4 (needs libtpu)."
+)
+_JSON = flags.DEFINE_string("json", None, "Also write the report here.")
+
+GiB = 1024**3
+
+
+def _parse_mesh(text: str) -> tuple[int, ...]:
+  try:
+    shape = tuple(int(d) for d in text.split(","))
+  except ValueError:
+    raise app.UsageError(f"--mesh={text!r}: want data,fsdp,tensor") from None
+  if len(shape) != 3 or any(d < 1 for d in shape):
+    raise app.UsageError(f"--mesh={text!r}: want three positive sizes")
+  return shape
+
+
+def _simulate(devices: int) -> None:
+  """Restarts this command with ``devices`` simulated CPU devices (XLA
+  reads the count once, when JAX starts)."""
+  flag = f"--xla_force_host_platform_device_count={devices}"
+  if flag in os.environ.get("XLA_FLAGS", ""):
+    return
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
+  argv = [sys.executable, "-m", "starpo_jax.compile_check", *sys.argv[1:]]
+  os.execve(sys.executable, argv, env)
+
+
+def _devices(count: int):
+  import jax
+
+  if _TOPOLOGY.value is None:
+    return jax.devices()[:count]
+  from jax.experimental import topologies
+
+  try:
+    topology = topologies.get_topology_desc(
+      platform="tpu", topology_name=_TOPOLOGY.value
+    )
+  except Exception as e:  # what is missing depends on the installation
+    raise app.UsageError(
+      f"--topology={_TOPOLOGY.value}: this JAX cannot compile for TPU "
+      f"topologies here ({type(e).__name__}: {e}); install jax[tpu]"
+    ) from None
+  if len(topology.devices) != count:
+    raise app.UsageError(
+      f"--topology={_TOPOLOGY.value} has {len(topology.devices)} chips; "
+      f"the mesh needs {count}"
+    )
+  return topology.devices
+
+
+def check(config, shape: tuple[int, ...], devices) -> dict:
+  """Compiles the step for one mesh; returns its per-device memory."""
+  import jax
+
+  from starpo_jax import sharding, train
+
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.mesh.shape = shape
+  setup = train.build(config, shapes_only=True, devices=devices)
+  state, pdef, cdef, ptx, ctx = train.abstract_state(setup)
+  step = train.compile_step(setup, state, pdef, cdef, ptx, ctx)
+  t0 = time.perf_counter()
+  lowered = step.lower(state, setup.codec)
+  compiled = lowered.compile()
+  seconds = time.perf_counter() - t0
+  mem = compiled.memory_analysis()
+  params = sum(
+    sharding.bytes_per_device(t)
+    for t in (state.policy, state.critic, state.reference)
+    if t is not None
+  )
+  optimizer = sum(
+    sharding.bytes_per_device(t)
+    for t in (state.policy_opt, state.critic_opt)
+    if t is not None
+  )
+  count = sum(math.prod(x.shape) for x in jax.tree.leaves(state.policy))
+  return {
+    "mesh": dict(zip(sharding.AXES, shape, strict=True)),
+    "devices": math.prod(shape),
+    "platform": devices[0].platform,
+    "model": config.model.preset,
+    "policy_parameters": count,
+    "compile_s": seconds,
+    "param_bytes": params,
+    "optimizer_bytes": optimizer,
+    "activation_bytes": int(getattr(mem, "temp_size_in_bytes", 0)),
+    "argument_bytes": int(getattr(mem, "argument_size_in_bytes", 0)),
+    "code_bytes": int(getattr(mem, "generated_code_size_in_bytes", 0)),
+  }
+
+
+def _size(n: float) -> str:
+  for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+    if n >= scale:
+      return f"{n / scale:8.2f} {unit}"
+  return f"{n:8.0f} B  "
+
+
+def report(r: dict) -> str:
+  mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items())
+  total = r["param_bytes"] + r["optimizer_bytes"] + r["activation_bytes"]
+  n = r["policy_parameters"]
+  count = f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+  return "\n".join(
+    [
+      f"{r['model']} ({count} policy parameters) on mesh {mesh}: "
+      f"{r['devices']} {r['platform']} devices; compiled in "
+      f"{r['compile_s']:.0f} s",
+      "  per device:",
+      f"    parameters   {_size(r['param_bytes'])} (policy, critic, reference)",
+      f"    optimizer    {_size(r['optimizer_bytes'])} (AdamW moments)",
+      f"    activations  {_size(r['activation_bytes'])}"
+      " (XLA temporaries: KV cache, logits, gradients)",
+      f"    total        {_size(total)}",
+    ]
+  )
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  config = _CONFIG.value
+  shapes = [_parse_mesh(m) for m in _MESH.value]
+  if not shapes:
+    if -1 in tuple(config.mesh.shape):
+      raise app.UsageError(
+        f"config.mesh.shape={tuple(config.mesh.shape)} has a -1: give "
+        "--mesh=data,fsdp,tensor"
+      )
+    shapes = [tuple(config.mesh.shape)]
+  largest = max(math.prod(s) for s in shapes)
+  if _TOPOLOGY.value is None:
+    _simulate(largest)
+  results = []
+  for shape in shapes:
+    devices = _devices(math.prod(shape))
+    results.append(check(config, shape, devices))
+    print(report(results[-1]), flush=True)
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main)

@@ -1,0 +1,49 @@
+"""One process of a two-process CPU run joined by ``jax.distributed``:
+trains one step and prints its metrics as JSON (tests/test_sharding).
+
+  python -m tests.sharding.run_distributed PORT PROCESS_ID WORKDIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+
+
+def main() -> None:
+  port, process_id, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+  jax.distributed.initialize(
+    coordinator_address=f"localhost:{port}",
+    num_processes=2,
+    process_id=process_id,
+  )
+  from configs import bandit
+  from starpo_jax import train
+
+  c = bandit.get_config("")
+  c.model.num_layers = 1
+  c.rollout.env_groups = 4
+  c.rollout.group_size = 2
+  c.algo.minibatches = 1
+  c.train.steps = 2
+  c.train.eval_every = 2
+  c.train.eval_groups = 4
+  c.train.checkpoint_every = 1
+  summary = train.run(c, workdir)
+  print(
+    json.dumps(
+      {
+        "process_count": jax.process_count(),
+        "devices": jax.device_count(),
+        "metrics": {
+          k: v for k, v in summary["final"].items() if not k.startswith("time/")
+        },
+      }
+    )
+  )
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,74 @@
+"""Runs one training step on several meshes of 8 simulated CPU devices and
+prints the metrics and parameter shard shapes as JSON (tests/test_sharding).
+
+Run with XLA_FLAGS=--xla_force_host_platform_device_count=8.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import numpy as np
+
+from configs import bandit
+from starpo_jax import sharding, train
+
+MESHES = [(1, 1, 1), (8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 4, 2)]
+
+
+def config():
+  # PPO with a critic and a reference, one minibatch: every metric is
+  # measured before the update. (After one, meshes legitimately differ:
+  # Adam's first step is +-lr on every coordinate, and the sign of a
+  # gradient coordinate that is pure rounding noise depends on the
+  # reduction order.) The entropy bonus keeps the gradient real.
+  c = bandit.get_config("algo=starpo")
+  c.algo.entropy_coef = 0.05
+  c.algo.minibatches = 1
+  c.rollout.env_groups = 8
+  c.rollout.group_size = 2
+  c.model.num_layers = 1
+  c.model.intermediate_size = 128
+  return c
+
+
+def main() -> None:
+  assert len(jax.devices()) == 8, jax.devices()
+  out = {}
+  for shape in MESHES:
+    setup = train.build(config())
+    setup.mesh = sharding.make_mesh(shape, jax.devices()[: int(np.prod(shape))])
+    state, pdef, cdef, ptx, ctx = train.init_state(setup)
+    step = train.compile_step(setup, state, pdef, cdef, ptx, ctx)
+    state, metrics = step(state, setup.codec)
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    shards = {
+      "q": state.policy["layers"]["attn"]["q"]
+      .get_value()
+      .sharding.shard_shape(
+        state.policy["layers"]["attn"]["q"].get_value().shape
+      ),
+      "embed": state.policy["embed"]
+      .get_value()
+      .sharding.shard_shape(state.policy["embed"].get_value().shape),
+      "mlp_up": state.policy["layers"]["mlp"]["up"]
+      .get_value()
+      .sharding.shard_shape(
+        state.policy["layers"]["mlp"]["up"].get_value().shape
+      ),
+    }
+    out[str(shape)] = {
+      "metrics": metrics,
+      "policy": np.concatenate(
+        [np.ravel(x) for x in jax.tree.leaves(jax.device_get(state.policy))]
+      ).tolist(),
+      "shards": shards,
+      "param_bytes": sharding.bytes_per_device(state.policy),
+    }
+  json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,160 @@
+"""The compiled step on meshes of 8 simulated CPU devices (a subprocess,
+since the device count is fixed when JAX starts) against one device."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import bandit
+from starpo_jax import sharding, train
+
+MESHES = ["(8, 1, 1)", "(2, 4, 1)", "(2, 2, 2)", "(1, 4, 2)"]
+
+
+@pytest.fixture(scope="module")
+def runs():
+  env = dict(
+    os.environ,
+    XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    PYTHONPATH=os.getcwd(),
+  )
+  out = subprocess.run(
+    [sys.executable, "-m", "tests.sharding.run_meshes"],
+    env=env,
+    capture_output=True,
+    text=True,
+    check=False,
+    timeout=1200,
+  )
+  assert out.returncode == 0, out.stderr[-4000:]
+  return json.loads(out.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", MESHES)
+def test_metrics_match_one_device(runs, mesh):
+  one, many = runs["(1, 1, 1)"], runs[mesh]
+  assert one["metrics"].keys() == many["metrics"].keys()
+  # Sanity: the update did something, so agreement is not vacuous.
+  assert one["metrics"]["train/grad_norm"] > 1e-3
+  for name, value in one["metrics"].items():
+    if name.startswith("time/") or name.endswith("_per_s"):
+      continue
+    np.testing.assert_allclose(
+      many["metrics"][name], value, atol=1e-5, rtol=1e-5, err_msg=name
+    )
+  # The updated parameters: equal but for coordinates where Adam's +-lr
+  # first step took the sign of rounding noise (see run_meshes.py).
+  lr = bandit.get_config("").optim.lr
+  a, b = np.asarray(one["policy"]), np.asarray(many["policy"])
+  diff = np.abs(a - b)
+  assert np.mean(diff < 1e-5) > 0.999, np.mean(diff < 1e-5)
+  assert diff.max() <= 2 * lr + 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", MESHES)
+def test_parameter_shard_shapes(runs, mesh):
+  data, fsdp, tensor = (int(d) for d in mesh.strip("()").split(","))
+  del data
+  m = bandit.get_config("").model  # the run's model: tiny, 1 layer
+  hidden, heads, head_dim = m.hidden_size, m.num_heads, m.head_dim
+  shards = runs[mesh]["shards"]
+  assert shards["q"] == [1, hidden // fsdp, heads // tensor, head_dim]
+  assert shards["mlp_up"] == [1, hidden // fsdp, 128 // tensor]
+  # The vocabulary (461 tokens) is prime to every axis: only hidden splits.
+  assert shards["embed"][1] == hidden // fsdp
+
+
+@pytest.mark.slow
+def test_parameter_memory_falls_with_fsdp(runs):
+  full = runs["(1, 1, 1)"]["param_bytes"]
+  for mesh in MESHES:
+    _, fsdp, tensor = (int(d) for d in mesh.strip("()").split(","))
+    got = runs[mesh]["param_bytes"]
+    if tensor == 1:
+      # Norm scales stay replicated: a little above full / fsdp.
+      assert full / fsdp <= got < 1.05 * full / fsdp, (mesh, got, full)
+    else:
+      # Tensor parallelism splits further (not the 461-token vocabulary).
+      assert full / (fsdp * tensor) <= got < full / fsdp, (mesh, got, full)
+
+
+@pytest.mark.parametrize(
+  "shape,devices,want",
+  [
+    ((-1, 1, 1), 8, (8, 1, 1)),
+    ((2, -1, 2), 8, (2, 2, 2)),
+    ((1, 1, 1), 1, (1, 1, 1)),
+  ],
+)
+def test_mesh_shape_fills_minus_one(shape, devices, want):
+  assert sharding.mesh_shape(shape, devices) == want
+
+
+@pytest.mark.parametrize(
+  "shape,match",
+  [
+    ((3, 1, 1), "needs 3 devices"),
+    ((-1, -1, 1), "at most one -1"),
+    ((1, 1), "must have 3 entries"),
+    ((-1, 3, 1), "does not divide"),
+  ],
+)
+def test_bad_mesh_shape_is_named(shape, match):
+  with pytest.raises(ValueError, match=match):
+    sharding.mesh_shape(shape, 8)
+
+
+def test_bad_mesh_fails_before_compiling():
+  c = bandit.get_config("")
+  c.mesh.shape = (3, 1, 1)
+  with pytest.raises(train.ConfigError, match=r"config\.mesh\.shape"):
+    train.build(c)
+
+
+@pytest.mark.slow
+def test_two_processes_agree(tmp_path):
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = str(s.getsockname()[1])
+  env = dict(os.environ, PYTHONPATH=os.getcwd())
+  env.pop("XLA_FLAGS", None)
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        "-m",
+        "tests.sharding.run_distributed",
+        port,
+        str(i),
+        str(tmp_path / "run"),
+      ],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  outs = [p.communicate(timeout=900) for p in procs]
+  for p, (_, err) in zip(procs, outs, strict=True):
+    assert p.returncode == 0, err[-4000:]
+  results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+  assert [r["process_count"] for r in results] == [2, 2]
+  assert results[0]["metrics"] == results[1]["metrics"]
+  # Only process 0 reports: one progress summary, one metrics file.
+  assert "done: 2 steps" in outs[0][0]
+  assert "done:" not in outs[1][0]
+  lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+  # Step 0: the untrained policy's evaluation.
+  assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
+  # Both steps were checkpointed (orbax, written by both processes).
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[-1] == "2"
