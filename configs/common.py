@@ -59,6 +59,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.tokenizer = ""  # a tokenizer.json directory; empty: see README
   c.model.dtype = "float32"
   c.model.param_dtype = "float32"
+  # Recompute layer activations in the backward pass (memory for compute).
+  c.model.remat = False
   # The tiny model's shape, when model.preset is "tiny".
   c.model.hidden_size = 128
   c.model.num_layers = 2
@@ -195,3 +197,4 @@ def apply_model(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
   else:
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "bfloat16"
+    c.model.remat = True

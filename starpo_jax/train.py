@@ -144,6 +144,7 @@ def build(
     model_cfg = transformer.PRESETS[m.preset].replace(
       dtype=m.dtype, param_dtype=m.param_dtype
     )
+  model_cfg = model_cfg.replace(remat=bool(m.remat))
   try:
     model_cfg = transformer.validate(model_cfg)
   except ValueError as e:

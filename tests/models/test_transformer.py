@@ -198,3 +198,25 @@ def test_jitted_forward_and_decode_step_compile_once():
     (state, tokens[1][:, 5:6], cache),
   )
   np.testing.assert_array_equal(np.asarray(cache1.length), [5, 5])
+
+
+def test_remat_gives_the_same_gradients_with_less_memory():
+  tokens = jnp.asarray(random_tokens((2, 64), seed=4) % 61)
+
+  def grads(remat):
+    cfg = transformer.preset("tiny", vocab_size=61, num_layers=3, remat=remat)
+    graphdef, params = nnx.split(transformer.create(cfg, seed=5))
+
+    def loss(params):
+      logits, _ = nnx.merge(graphdef, params)(tokens)
+      return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+    fn = jax.jit(jax.grad(loss))
+    temp = fn.lower(params).compile().memory_analysis().temp_size_in_bytes
+    return jax.tree.leaves(fn(params)), temp
+
+  plain, plain_temp = grads(False)
+  remat, remat_temp = grads(True)
+  for a, b in zip(plain, remat, strict=True):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6)
+  assert remat_temp < plain_temp
