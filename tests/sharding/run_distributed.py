@@ -19,10 +19,16 @@ def main() -> None:
     num_processes=2,
     process_id=process_id,
   )
+  import ml_collections
+
   from configs import bandit
   from starpo_jax import train
 
   c = bandit.get_config("")
+  # One evaluation env at one temperature: the multi-host path, compiled
+  # once rather than four times.
+  c.env.eval_kwargs = ml_collections.ConfigDict()
+  c.train.eval_temperatures = (0.5,)
   c.model.num_layers = 1
   c.rollout.env_groups = 4
   c.rollout.group_size = 2
