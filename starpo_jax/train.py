@@ -215,16 +215,27 @@ def _parameters(setup: Setup, value_head: bool, seed: int):
   return graphdef, create()
 
 
-def _optimizer_state(tx, params, mesh):
-  """``tx.init(params)``: moments sharded like the parameters, scalars
-  (step counts) replicated over the whole mesh."""
-  state = jax.jit(tx.init)(params)
-  whole = lambda x: (
-    x
-    if len(x.sharding.device_set) == mesh.size
-    else sharding.replicate(np.asarray(x), mesh)
+def _optimizer_shardings(tx, params, param_shardings, mesh):
+  """Abstract ``tx.init(params)`` and its shardings: moments sharded like
+  the parameters, scalars (step counts) replicated over the whole mesh."""
+  shapes = jax.eval_shape(tx.init, params)
+  shardings = optax.tree_map_params(
+    tx,
+    lambda _, s: s,
+    shapes,
+    param_shardings,
+    transform_non_params=lambda _: sharding.replicated(mesh),
   )
-  return jax.tree.map(whole, state)
+  return shapes, shardings
+
+
+def _optimizer_state(tx, params, mesh):
+  """``tx.init(params)``, committed to its shardings (so the state a step
+  returns matches the one it was given, and nothing recompiles)."""
+  _, shardings = _optimizer_shardings(
+    tx, params, jax.tree.map(lambda x: x.sharding, params), mesh
+  )
+  return jax.jit(tx.init, out_shardings=shardings)(params)
 
 
 def init_state(setup: Setup) -> tuple[TrainState, Any, Any, Any, Any]:
@@ -284,14 +295,7 @@ def abstract_state(setup: Setup) -> tuple[TrainState, Any, Any, Any, Any]:
     return graphdef, structs, shardings
 
   def opt(tx, structs, shardings):
-    shapes = jax.eval_shape(tx.init, structs)
-    placed = optax.tree_map_params(
-      tx,
-      lambda _, s: s,
-      shapes,
-      shardings,
-      transform_non_params=lambda _: everywhere,
-    )
+    shapes, placed = _optimizer_shardings(tx, structs, shardings, mesh)
     return jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
       shapes,

@@ -19,12 +19,12 @@ MESHES = [(1, 1, 1), (8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 4, 2)]
 
 
 def config():
-  # PPO with a critic and a reference, one minibatch: every metric is
+  # GRPO with a reference policy, one minibatch: every metric is
   # measured before the update. (After one, meshes legitimately differ:
   # Adam's first step is +-lr on every coordinate, and the sign of a
   # gradient coordinate that is pure rounding noise depends on the
   # reduction order.) The entropy bonus keeps the gradient real.
-  c = bandit.get_config("algo=starpo")
+  c = bandit.get_config("algo=grpo")
   c.algo.entropy_coef = 0.05
   c.algo.minibatches = 1
   c.rollout.env_groups = 8
