@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -127,11 +128,21 @@ def _comparable(records):
 def test_sigkilled_run_resumes_to_the_same_parameters_and_metrics(tmp_path):
   flags = [*SMALL, "--config.train.steps=8"]
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-  subprocess.run(main_cmd(straight, *flags), check=True, capture_output=True)
+  # The three runs compile the same step: JAX's persistent cache compiles
+  # it once (the executable is the same, so is every result).
+  env = dict(
+    os.environ,
+    JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache"),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+  )
+  subprocess.run(
+    main_cmd(straight, *flags), check=True, capture_output=True, env=env
+  )
   proc = subprocess.Popen(
     main_cmd(resumed, *flags),
     stdout=subprocess.DEVNULL,
     stderr=subprocess.DEVNULL,
+    env=env,
   )
   # Kill it hard once a checkpoint exists and before it finishes.
   deadline = time.time() + 300
@@ -143,7 +154,11 @@ def test_sigkilled_run_resumes_to_the_same_parameters_and_metrics(tmp_path):
   assert proc.wait() == -signal.SIGKILL
   assert not (resumed / "checkpoints" / "8").exists()
   out = subprocess.run(
-    main_cmd(resumed, *flags), check=True, capture_output=True, text=True
+    main_cmd(resumed, *flags),
+    check=True,
+    capture_output=True,
+    text=True,
+    env=env,
   )
   assert "resumed from step" in out.stdout
   c = bandit.get_config(None)

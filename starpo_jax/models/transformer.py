@@ -333,6 +333,115 @@ def rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
 ATTENTION_BLOCK = 128
 
 
+# Causal attention over a whole sequence runs at most this many query blocks.
+MAX_CAUSAL_BLOCKS = 16
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """Causal grouped-query attention of a sequence with itself.
+
+  On accelerators this is ``jax.nn.dot_product_attention`` (fused kernels).
+  On CPU, XLA's unfused softmax makes that memory-bound, so a
+  flash-attention-style version runs instead: one sequence at a time (its
+  score blocks stay in cache), queries in blocks that attend only to the
+  keys up to their end (the masked half is never computed), and a backward
+  pass that recomputes the probabilities from the saved log-normalisers
+  rather than storing them. For a 768-token sequence on 2 CPU cores it is
+  about 3x faster forward and 2x forward and backward.
+
+  Args:
+    q: ``[B, T, N, H]`` queries; ``k``, ``v``: ``[B, T, K, H]``.
+
+  Returns:
+    ``[B, T, N, H]``.
+  """
+  if jax.default_backend() != "cpu":
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+  return _row_attention(q, k, v)
+
+
+def _blocks(t: int) -> list[tuple[int, int]]:
+  blk = max(ATTENTION_BLOCK, -(-t // MAX_CAUSAL_BLOCKS))
+  return [(s, min(s + blk, t)) for s in range(0, t, blk)]
+
+
+def _head_major(q, k, v):
+  """One sequence: ``[T, N, H]`` -> scaled float32 ``[K, G, T, H]``, and
+  ``[T, K, H]`` -> ``[K, T, H]``."""
+  t, n, h = q.shape
+  kv = k.shape[1]
+  qq = q.astype(jnp.float32).reshape(t, kv, n // kv, h).transpose(1, 2, 0, 3)
+  qq = qq / math.sqrt(h)
+  kk = k.astype(jnp.float32).transpose(1, 0, 2)
+  vv = v.astype(jnp.float32).transpose(1, 0, 2)
+  return qq, kk, vv
+
+
+def _row_forward(q, k, v):
+  """One sequence's attention ``[T, N, H]`` and log-normalisers
+  ``[K, G, T]``."""
+  t, n, h = q.shape
+  qq, kk, vv = _head_major(q, k, v)
+  outs, lses = [], []
+  for start, end in _blocks(t):
+    s = jnp.einsum("KGTH,KSH->KGTS", qq[:, :, start:end], kk[:, :end])
+    ok = jnp.arange(end)[None, :] <= jnp.arange(start, end)[:, None]
+    s = jnp.where(ok, s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.exp(s - m)
+    total = jnp.sum(p, axis=-1, keepdims=True)
+    outs.append(jnp.einsum("KGTS,KSH->KGTH", p, vv[:, :end]) / total)
+    lses.append((m + jnp.log(total))[..., 0])
+  o = jnp.concatenate(outs, axis=2).transpose(2, 0, 1, 3).reshape(t, n, h)
+  return o, jnp.concatenate(lses, axis=2)
+
+
+def _row_backward(q, k, v, o, lse, do):
+  """Gradients of one sequence's attention, probabilities recomputed."""
+  t, n, h = q.shape
+  kv = k.shape[1]
+  qq, kk, vv = _head_major(q, k, v)
+  heads = lambda x: x.astype(jnp.float32).reshape(t, kv, n // kv, h)
+  do_ = heads(do).transpose(1, 2, 0, 3)  # [K, G, T, H]
+  delta = jnp.sum(do_ * heads(o).transpose(1, 2, 0, 3), axis=-1)  # [K, G, T]
+  dq, dk, dv = [], jnp.zeros_like(kk), jnp.zeros_like(vv)
+  for start, end in _blocks(t):
+    qb, dob = qq[:, :, start:end], do_[:, :, start:end]
+    s = jnp.einsum("KGTH,KSH->KGTS", qb, kk[:, :end])
+    ok = jnp.arange(end)[None, :] <= jnp.arange(start, end)[:, None]
+    p = jnp.where(ok, jnp.exp(s - lse[:, :, start:end, None]), 0.0)
+    pad = ((0, 0), (0, t - end), (0, 0))
+    dv = dv + jnp.pad(jnp.einsum("KGTS,KGTH->KSH", p, dob), pad)
+    dp = jnp.einsum("KGTH,KSH->KGTS", dob, vv[:, :end])
+    ds = p * (dp - delta[:, :, start:end, None])
+    dq.append(jnp.einsum("KGTS,KSH->KGTH", ds, kk[:, :end]) / math.sqrt(h))
+    dk = dk + jnp.pad(jnp.einsum("KGTS,KGTH->KSH", ds, qb), pad)
+  dq = jnp.concatenate(dq, axis=2).transpose(2, 0, 1, 3).reshape(t, n, h)
+  return (
+    dq.astype(q.dtype),
+    dk.transpose(1, 0, 2).astype(k.dtype),
+    dv.transpose(1, 0, 2).astype(v.dtype),
+  )
+
+
+@jax.custom_vjp
+def _row_attention(q, k, v):
+  return _row_attention_fwd(q, k, v)[0]
+
+
+def _row_attention_fwd(q, k, v):
+  o, lse = jax.lax.map(lambda x: _row_forward(*x), (q, k, v))
+  o = o.astype(v.dtype)
+  return o, (q, k, v, o, lse)
+
+
+def _row_attention_bwd(res, do):
+  return jax.lax.map(lambda x: _row_backward(*x), (*res, do))
+
+
+_row_attention.defvjp(_row_attention_fwd, _row_attention_bwd)
+
+
 def cached_attention(
   q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array
 ) -> jax.Array:
@@ -353,6 +462,8 @@ def cached_attention(
     ``[B, T, N, H]``.
   """
   b, t, n, h = q.shape
+  if t > 1 and jax.default_backend() == "cpu":
+    return _row_prefill(q, k, v, positions)
   kv, size = k.shape[1], k.shape[2]
   g = n // kv
   blk = min(ATTENTION_BLOCK, size)
@@ -405,6 +516,31 @@ def cached_attention(
   out = acc / jnp.maximum(total, 1e-30)[..., None]  # [B, K, G, T, H]
   out = jnp.moveaxis(out, 3, 1).reshape(b, t, n, h)
   return out.astype(v.dtype)
+
+
+def _row_prefill(
+  q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array
+) -> jax.Array:
+  """``cached_attention`` of several queries, one sequence at a time.
+
+  On CPU a sequence's scores against the whole cache stay in cache, which
+  is about 3x faster for a turn's prompt than the block loop (that loop
+  visits only the slots in use, and streams them: the better choice for
+  one query, and on accelerators).
+  """
+  t, n, h = q.shape[1:]
+  kv = k.shape[1]
+
+  def one(x):
+    qr, kr, vr, pr = x  # [T, N, H], [K, S, H], [K, S, H], [T]
+    qq = qr.astype(jnp.float32).reshape(t, kv, n // kv, h).transpose(1, 2, 0, 3)
+    s = jnp.einsum("KGTH,KSH->KGTS", qq / math.sqrt(h), kr.astype(jnp.float32))
+    ok = jnp.arange(kr.shape[1])[None, :] <= pr[:, None]
+    p = jax.nn.softmax(jnp.where(ok, s, -jnp.inf), axis=-1)
+    o = jnp.einsum("KGTS,KSH->KGTH", p, vr.astype(jnp.float32))
+    return o.transpose(2, 0, 1, 3).reshape(t, n, h).astype(v.dtype)
+
+  return jax.lax.map(one, (q, k, v, positions))
 
 
 def _param(
@@ -484,7 +620,7 @@ class Attention(nnx.Module):
     k = rope(self.project(x, "k"), positions, inv_freq)
     v = self.project(x, "v")
     if cache is None:
-      out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+      out = causal_attention(q, k, v)
       new_cache = None
     else:
       k_cache, v_cache = cache

@@ -220,3 +220,28 @@ def test_remat_gives_the_same_gradients_with_less_memory():
   for a, b in zip(plain, remat, strict=True):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6)
   assert remat_temp < plain_temp
+
+
+@pytest.mark.parametrize(
+  "length, heads, kv_heads",
+  [(5, 4, 2), (128, 2, 2), (300, 6, 2), (16 * 128 + 40, 2, 1)],
+)
+def test_blocked_causal_attention_equals_full_attention(
+  length, heads, kv_heads
+):
+  # 16 * 128 + 40 tokens need more than MAX_CAUSAL_BLOCKS blocks of 128:
+  # the block size grows instead.
+  kq, kk, kv = jax.random.split(jax.random.key(length), 3)
+  q = jax.random.normal(kq, (2, length, heads, 16))
+  k = jax.random.normal(kk, (2, length, kv_heads, 16))
+  v = jax.random.normal(kv, (2, length, kv_heads, 16))
+  want = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+  got = transformer.causal_attention(q, k, v)
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+  grad = lambda f: jax.grad(lambda q: jnp.sum(jnp.sin(f(q, k, v))))(q)
+  np.testing.assert_allclose(
+    grad(transformer.causal_attention),
+    grad(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+    atol=1e-4,
+    rtol=1e-4,
+  )

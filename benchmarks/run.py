@@ -1,0 +1,638 @@
+"""Throughput against PyTorch baselines: the same workload, side by side.
+
+  python -m benchmarks.run --suite all            # tiny, ~8 min on 2 cores
+  python -m benchmarks.run --suite iteration --model qwen2.5-0.5b
+  python -m benchmarks.run --suite all --smoke --json out.json   # CI smoke
+
+Every row runs starpo-jax and a PyTorch baseline on the same workload in
+this one process, after a warm-up call, with the same number of threads
+(all cores), and gives both figures and their ratio. Models have random
+weights: the JAX policy is exported with ``starpo_jax.models.hf.save`` and
+loaded by ``transformers``, so both sides hold the same parameters.
+
+Suites:
+  env        Sokoban steps/s and levels/s: jitted, vmapped JAX against the
+             gym-sokoban package (RAGEN's) and a plain-Python loop.
+  rollout    generated tokens/s of the multi-turn Sokoban rollout of the
+             training config, against ``transformers`` ``generate`` with
+             Python environments between turns (dynamic cache), and against
+             our fastest PyTorch loop (static cache, ``torch.compile``).
+  update     trained tokens/s of one clipped policy update (forward,
+             backward, AdamW) on a minibatch of the training shape.
+  iteration  whole StarPO iterations/s (new levels, rollout, update)
+             against ``benchmarks/torch_baseline``.
+
+For each JAX row also: compile time of the first call, peak resident host
+memory while the row ran, and the share of this machine's roofline reached
+(model FLOPs and bytes counted from the config, matrix-multiply FLOP/s and
+memory bandwidth measured in the same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from benchmarks import common
+from configs import sokoban
+from starpo_jax import losses, train
+from starpo_jax import rollout as rollout_lib
+from starpo_jax import step as step_lib
+from starpo_jax.models import hf, transformer
+
+SUITES = ("env", "rollout", "update", "iteration")
+MODELS = ("tiny", "qwen2.5-0.5b")
+
+
+# ----------------------------------------------------------------------------
+# Measuring.
+
+
+class PeakMemory:
+  """Peak resident memory (GiB) of this process while the block runs."""
+
+  def __enter__(self) -> PeakMemory:
+    self.peak = _rss()
+    self._stop = threading.Event()
+
+    def sample():
+      while not self._stop.wait(0.02):
+        self.peak = max(self.peak, _rss())
+
+    self._thread = threading.Thread(target=sample, daemon=True)
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self._stop.set()
+    self._thread.join()
+    self.peak = max(self.peak, _rss())
+
+  @property
+  def gib(self) -> float:
+    return self.peak / 2**30
+
+
+def _rss() -> int:
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def roofline(smoke: bool) -> dict[str, float]:
+  """This machine's measured matrix-multiply FLOP/s and memory bandwidth."""
+  n = 512 if smoke else 2048
+  a = jnp.ones((n, n), jnp.float32)
+  _, seconds = common.time_jitted(jax.jit(lambda a: a @ a), a, repeats=5)
+  x = jnp.ones(((8 if smoke else 64) << 20,), jnp.float32)
+  _, read = common.time_jitted(jax.jit(jnp.sum), x, repeats=5)
+  return {"matmul_flops": 2 * n**3 / seconds, "bandwidth": x.nbytes / read}
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
+  """(seconds of the first, warm-up call; median seconds of the rest)."""
+  start = time.perf_counter()
+  fn()
+  first = time.perf_counter() - start
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return first, statistics.median(times)
+
+
+def matmul_params_per_layer(cfg: transformer.ModelConfig) -> int:
+  d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  return d * hd * (h + 2 * kv) + h * hd * d + 3 * d * cfg.intermediate_size
+
+
+def forward_flops(
+  cfg: transformer.ModelConfig, tokens: float, logits: float, pairs: float
+) -> float:
+  """Forward FLOPs of ``tokens`` through the layers, ``logits`` of them
+  through the output layer, and ``pairs`` attended (query, key) pairs."""
+  return (
+    2 * cfg.num_layers * matmul_params_per_layer(cfg) * tokens
+    + 2 * cfg.hidden_size * cfg.vocab_size * logits
+    + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * pairs
+  )
+
+
+# ----------------------------------------------------------------------------
+# The workload: one config, a JAX train state and the same weights in torch.
+
+
+def workload(model: str, smoke: bool, tokenizer_dir: str):
+  """The Sokoban training config both sides run (GRPO without KL: the
+  PyTorch baseline has no critic and no reference model)."""
+  c = sokoban.get_config(f"model={model},algo=grpo")
+  c.algo.kl_coef = 0.0
+  c.train.eval_every = 0
+  if model != "tiny":
+    # Random weights and the compact tokenizer (no download); float32 on
+    # both sides, as the CPU has no fast bfloat16.
+    c.model.tokenizer = tokenizer_dir
+    c.model.dtype = c.model.param_dtype = "float32"
+    c.model.remat = False
+    c.rollout.env_groups, c.rollout.group_size = 2, 2
+    c.rollout.max_turns = 2
+    c.rollout.max_new_tokens = 16
+    c.rollout.max_context = 384
+    c.algo.minibatches = 2
+  if smoke:
+    c.model.hidden_size, c.model.intermediate_size = 64, 128
+    c.model.num_heads, c.model.head_dim = 2, 32
+    c.model.num_kv_heads = 1
+    c.rollout.env_groups, c.rollout.group_size = 2, 2
+    c.rollout.max_turns = 2
+    c.rollout.max_context = 320
+    c.algo.minibatches = 2
+  return c
+
+
+class Pair:
+  """A JAX train state and the PyTorch model with the same weights."""
+
+  def __init__(
+    self, model: str, smoke: bool, workdir: str, torch_device: str = "cpu"
+  ):
+    import torch
+    import transformers
+
+    from benchmarks.torch_baseline import starpo as tb
+    from starpo_jax.models import tokenizer as tokenizer_lib
+    from starpo_jax.text import prompt_pieces
+
+    self.name = model
+    self.smoke = smoke
+    tok_dir = os.path.join(workdir, "tokenizer")
+    if model != "tiny":
+      spec = sokoban.get_config().rollout
+      settings = rollout_lib.RolloutConfig(
+        max_actions_per_turn=spec.max_actions_per_turn
+      ).prompt_settings()
+      import envs
+
+      tokenizer_lib.build_compact(
+        prompt_pieces(envs.make("sokoban").spec, settings)
+      ).save(tok_dir)
+    self.config = workload(model, smoke, tok_dir)
+    self.setup = train.build(self.config)
+    state, self.policy_def, self.critic_def, self.tx, self.critic_tx = (
+      train.init_state(self.setup)
+    )
+    self.state = state
+    self.model_cfg = self.setup.model_cfg
+    model_dir = os.path.join(workdir, f"hf-{model}")
+    hf.save(nnx.merge(self.policy_def, state.policy), model_dir)
+    self.torch_model = transformers.AutoModelForCausalLM.from_pretrained(
+      model_dir, dtype=torch.float32
+    ).to(torch_device)
+    self.torch_cfg = tb.Config.from_setup(self.setup)
+    allowed = self.setup.codec.allowed
+    self.allowed = None if allowed is None else np.asarray(allowed)
+
+  def torch_loop(self, kind: str, compile: bool = False):
+    """A PyTorch loop on these weights."""
+    from benchmarks.torch_baseline import starpo as tb
+
+    return tb.Loop(
+      self.torch_model,
+      self.setup.tokenizer,
+      self.setup.env.spec,
+      self.torch_cfg,
+      self.allowed,
+      kind=kind,
+      compile=compile,
+    )
+
+  def release_jax(self) -> None:
+    """Frees the JAX train state (before the PyTorch side runs)."""
+    self.state = None
+    gc.collect()
+
+  def describe(self) -> str:
+    r = self.setup.rollout_cfg
+    return (
+      f"{self.name} ({self.model_cfg.num_params() / 1e6:.1f}M), "
+      f"{r.batch} episodes x {r.max_turns} turns x {r.max_new_tokens} tokens"
+    )
+
+
+def _row(suite, pair, metric, jax_value, baseline, torch_value, **extra):
+  return dict(
+    suite=suite,
+    workload=pair if isinstance(pair, str) else pair.describe(),
+    metric=metric,
+    jax=jax_value,
+    baseline=baseline,
+    torch=torch_value,
+    ratio=jax_value / torch_value,
+    **extra,
+  )
+
+
+# ----------------------------------------------------------------------------
+# Suites.
+
+
+def env_suite(smoke: bool, peak: dict[str, float]) -> list[dict[str, Any]]:
+  from benchmarks import envs as env_bench
+
+  batches = (1, 64) if smoke else (1, 64, 4096)
+  gym = env_bench.gym_sokoban_rates()
+  py = env_bench.python_rates("sokoban")
+  rows = []
+  for batch in batches:
+    with PeakMemory() as mem:
+      r = env_bench.jax_row("sokoban", batch)
+    extra = dict(
+      compile_s=r["step_compile_s"] + r["reset_compile_s"], peak_gib=mem.gib
+    )
+    where = f"sokoban 6x6, batch {batch}"
+    for key, metric in (
+      ("steps_per_s", "steps/s"),
+      ("levels_per_s", "levels/s"),
+    ):
+      for baseline, value in (
+        ("gym-sokoban", gym[key]),
+        ("plain Python", py[f"py_{key}"]),
+      ):
+        rows.append(
+          _row("env", where, metric, r[f"jax_{key}"], baseline, value, **extra)
+        )
+  return rows
+
+
+def rollout_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
+  setup, cfg = pair.setup, pair.model_cfg
+  play = jax.jit(
+    lambda p, codec, k: rollout_lib.rollout(
+      nnx.merge(pair.policy_def, p), codec, setup.env, setup.rollout_cfg, k
+    )
+  )
+  keys = iter(range(1, 1000))
+  out = {}
+
+  def run():
+    out["traj"] = jax.block_until_ready(
+      play(pair.state.policy, setup.codec, jax.random.key(next(keys)))
+    )
+
+  with PeakMemory() as mem:
+    first, seconds = timed(run, repeats)
+  traj = out["traj"]
+  generated = float(np.sum(traj.response_lengths))
+  lengths = np.asarray(traj.length, np.float64)
+  flops = forward_flops(
+    cfg,
+    float(np.sum(lengths)),
+    generated + setup.rollout_cfg.max_turns * setup.rollout_cfg.batch,
+    float(np.sum(lengths * (lengths + 1) / 2)),
+  )
+  # Decoding reads every weight once per step for the whole batch, and each
+  # token reads its episode's keys and values so far.
+  param_bytes = 4 * cfg.num_params()
+  kv_bytes = 2 * 4 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
+  steps = generated / setup.rollout_cfg.batch
+  moved = (
+    steps * param_bytes + generated * float(np.mean(lengths)) / 2 * kv_bytes
+  )
+  jax_rate = generated / seconds
+  extra = dict(
+    compile_s=first - seconds,
+    peak_gib=mem.gib,
+    flops_frac=flops / seconds / peak["matmul_flops"],
+    bandwidth_frac=moved / seconds / peak["bandwidth"],
+    recompiled=play._cache_size() != 1,
+  )
+  rows = []
+  for kind, label, compile in (
+    ("dynamic", "transformers generate + Python envs", False),
+    ("static", "static-cache loop + Python envs", False),
+    *(
+      []
+      if pair.smoke
+      else [("static", "static-cache loop, torch.compile + Python envs", True)]
+    ),
+  ):
+    loop = pair.torch_loop(kind, compile)
+    counts = []
+    _, t_seconds = timed(
+      lambda loop=loop, counts=counts: counts.append(
+        loop.rollout().generated_tokens
+      ),
+      repeats,
+    )
+    t_rate = float(np.mean(counts[1:])) / t_seconds
+    rows.append(
+      _row(
+        "rollout", pair, "generated tokens/s", jax_rate, label, t_rate, **extra
+      )
+    )
+  return rows
+
+
+def update_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
+  import torch
+
+  from benchmarks.torch_baseline import starpo as tb
+
+  setup, cfg, algo = pair.setup, pair.model_cfg, pair.setup.algo
+  r = setup.rollout_cfg
+  mb = r.batch // algo.minibatches
+  length, gen = r.max_context, r.max_turns * r.max_new_tokens
+  rng = np.random.default_rng(0)
+  vocab = setup.tokenizer.vocab_size
+  tokens = rng.integers(0, vocab, (mb, length)).astype(np.int32)
+  positions = np.sort(
+    np.stack(
+      [rng.choice(np.arange(1, length), gen, replace=False) for _ in range(mb)]
+    ),
+    axis=1,
+  ).astype(np.int32)
+  if pair.allowed is not None:
+    # Generated tokens are ones the policy may emit.
+    ok = np.flatnonzero(pair.allowed)
+    np.put_along_axis(tokens, positions, rng.choice(ok, positions.shape), 1)
+  old_logp = -rng.uniform(0.5, 3.0, (mb, gen)).astype(np.float32)
+  adv = rng.normal(size=(mb, gen)).astype(np.float32)
+  temperature = r.temperature
+  chunk = min(algo.logits_chunk, gen)
+  allowed = setup.codec.allowed
+
+  def loss_fn(params, batch):
+    model = nnx.merge(pair.policy_def, params)
+    logp, ent, _ = step_lib.sequence_logprobs(
+      model, batch["tokens"], batch["positions"], temperature, allowed, chunk
+    )
+    mask = jnp.ones_like(logp, bool)
+    pg, _ = losses.policy_loss(
+      logp,
+      batch["old_logp"],
+      batch["adv"],
+      mask,
+      clip_low=algo.clip_low,
+      clip_high=algo.clip_high,
+      dual_clip=algo.dual_clip,
+      aggregation=algo.loss_agg,
+    )
+    return pg - algo.entropy_coef * losses.aggregate(ent, mask, algo.loss_agg)
+
+  def update_fn(params, opt, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, opt = pair.tx.update(grads, opt, params)
+    return optax.apply_updates(params, updates), opt, loss
+
+  # Outputs keep the inputs' shardings, so the next call does not recompile.
+  shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+  placed = (shardings(pair.state.policy), shardings(pair.state.policy_opt))
+  update = jax.jit(
+    update_fn,
+    donate_argnums=(0, 1),
+    in_shardings=(*placed, None),
+    out_shardings=(*placed, None),
+  )
+
+  batch = dict(tokens=tokens, positions=positions, old_logp=old_logp, adv=adv)
+  batch = jax.tree.map(jnp.asarray, batch)
+  # Donated: each suite has a Pair of its own.
+  carry = {"params": pair.state.policy, "opt": pair.state.policy_opt}
+
+  def run():
+    p, o, loss = update(carry["params"], carry["opt"], batch)
+    jax.block_until_ready(loss)
+    carry.update(params=p, opt=o)
+
+  with PeakMemory() as mem:
+    first, seconds = timed(run, repeats)
+  trained = mb * length
+  recompiled = update._cache_size() != 1
+  carry.clear()
+  pair.release_jax()
+  flops = 3 * forward_flops(
+    cfg, trained, mb * gen, mb * length * (length + 1) / 2
+  )
+  opt = tb.optimizer(pair.torch_model, pair.torch_cfg)
+  dev = tb.model_device(pair.torch_model)
+  t_allowed = None if pair.allowed is None else torch.as_tensor(pair.allowed)
+  t_allowed = None if t_allowed is None else t_allowed.to(dev)
+  pick = dict(
+    tokens=torch.as_tensor(tokens).long(),
+    attention_mask=torch.ones(mb, length, dtype=torch.long),
+    positions=torch.as_tensor(positions).long(),
+    old_logp=torch.as_tensor(old_logp),
+    adv=torch.as_tensor(adv),
+    mask=torch.ones(mb, gen, dtype=torch.bool),
+  )
+  pick = {k: v.to(dev) for k, v in pick.items()}
+  pair.torch_model.train()
+  _, t_seconds = timed(
+    lambda: tb.minibatch_step(
+      pair.torch_model, opt, pick, pair.torch_cfg, t_allowed
+    ),
+    repeats,
+  )
+  return [
+    _row(
+      "update",
+      f"{pair.name}, minibatch {mb} x {length} tokens ({gen} scored)",
+      "trained tokens/s",
+      trained / seconds,
+      "same loss in PyTorch (AdamW)",
+      trained / t_seconds,
+      compile_s=first - seconds,
+      peak_gib=mem.gib,
+      flops_frac=flops / seconds / peak["matmul_flops"],
+      recompiled=recompiled,
+    )
+  ]
+
+
+def iteration_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
+  setup = pair.setup
+  step = train.compile_step(
+    setup, pair.state, pair.policy_def, pair.critic_def, pair.tx, pair.critic_tx
+  )
+  holder = {"state": pair.state}
+  tokens = []
+
+  def run():
+    holder["state"], m = step(holder["state"], setup.codec)
+    tokens.append(float(jax.block_until_ready(m["rollout/generated_tokens"])))
+
+  with PeakMemory() as mem:
+    first, seconds = timed(run, repeats)
+  extra = dict(
+    compile_s=first - seconds,
+    peak_gib=mem.gib,
+    recompiled=step._cache_size() != 1,
+    jax_tokens=float(np.mean(tokens[1:])),
+  )
+  holder.clear()
+  pair.release_jax()
+  rows = []
+  for kind, label, compile in (
+    ("dynamic", "torch_baseline: generate + Python envs", False),
+    # Uncompiled: torch.compile makes this CPU's decoding slower (see the
+    # rollout rows).
+    ("static", "torch_baseline: static-cache loop", False),
+  ):
+    loop = pair.torch_loop(kind, compile)
+    _, t_seconds = timed(loop.iteration, repeats)
+    del loop  # its optimizer state
+    rows.append(
+      _row(
+        "iteration",
+        pair,
+        "iterations/s",
+        1 / seconds,
+        label,
+        1 / t_seconds,
+        **extra,
+      )
+    )
+  return rows
+
+
+# ----------------------------------------------------------------------------
+
+
+HEADER = [
+  "suite",
+  "workload",
+  "metric",
+  "starpo-jax",
+  "PyTorch baseline",
+  "PyTorch",
+  "ratio",
+  "JAX compile s",
+  "JAX peak RSS GiB",
+  "% matmul peak",
+  "% bandwidth",
+]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+  pct = lambda r, k: f"{100 * r[k]:.1f}" if k in r else "-"
+  return common.markdown_table(
+    HEADER,
+    [
+      [
+        r["suite"],
+        r["workload"],
+        r["metric"],
+        r["jax"],
+        r["baseline"],
+        r["torch"],
+        f"{r['ratio']:.2f}x",
+        f"{r['compile_s']:.1f}",
+        f"{r['peak_gib']:.2f}",
+        pct(r, "flops_frac"),
+        pct(r, "bandwidth_frac"),
+      ]
+      for r in rows
+    ],
+  )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  parser = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    epilog=__doc__.split("\n", 1)[1],
+  )
+  parser.add_argument(
+    "--suite",
+    default="all",
+    help=f"all, or a comma-separated list of {', '.join(SUITES)}",
+  )
+  parser.add_argument("--model", default="tiny", choices=MODELS)
+  parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument(
+    "--smoke", action="store_true", help="small sizes, one repeat (for CI)"
+  )
+  parser.add_argument("--json", default=None, help="write the results here")
+  parser.add_argument(
+    "--torch-device",
+    default=None,
+    help="where the PyTorch baseline runs (default: cuda when available)",
+  )
+  args = parser.parse_args(argv)
+  import torch
+
+  if args.torch_device is None:
+    args.torch_device = "cuda" if torch.cuda.is_available() else "cpu"
+
+  # The same threads on both sides: XLA's CPU backend uses every core.
+  torch.set_num_threads(os.cpu_count() or 1)
+  warnings.filterwarnings("ignore")
+  suites = SUITES if args.suite == "all" else tuple(args.suite.split(","))
+  unknown = sorted(set(suites) - set(SUITES))
+  if unknown:
+    parser.error(f"unknown suite(s) {unknown}; expected {SUITES} or all")
+  repeats = 1 if args.smoke else args.repeats
+  start = time.perf_counter()
+  peak = roofline(args.smoke)
+  print(f"machine: {common.machine()}", flush=True)
+  print(
+    f"measured peaks: {peak['matmul_flops'] / 1e9:.0f} GFLOP/s float32 "
+    f"matmul, {peak['bandwidth'] / 1e9:.1f} GB/s read",
+    flush=True,
+  )
+  rows: list[dict[str, Any]] = []
+  with tempfile.TemporaryDirectory() as workdir:
+    for suite in suites:
+      t0 = time.perf_counter()
+      if suite == "env":
+        rows += env_suite(args.smoke, peak)
+      else:
+        # A fresh pair per suite: the update and iteration donate the
+        # JAX state, and a 0.5B model's optimizer states on both sides
+        # would not fit together in 24 GB.
+        fn = {
+          "rollout": rollout_suite,
+          "update": update_suite,
+          "iteration": iteration_suite,
+        }[suite]
+        pair = Pair(args.model, args.smoke, workdir, args.torch_device)
+        rows += fn(pair, peak, repeats)
+        del pair
+        gc.collect()
+      print(
+        f"  {suite}: {time.perf_counter() - t0:.0f} s",
+        file=sys.stderr,
+        flush=True,
+      )
+  total = time.perf_counter() - start
+  print(table(rows))
+  print(f"\ntotal {total:.0f} s")
+  payload = {
+    "machine": common.machine(),
+    "torch_threads": torch.get_num_threads(),
+    "peak": peak,
+    "rows": rows,
+    "seconds": total,
+    "args": vars(args),
+  }
+  common.write_json(args.json, payload)
+  return payload
+
+
+if __name__ == "__main__":
+  main()

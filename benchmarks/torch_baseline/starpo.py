@@ -1,0 +1,686 @@
+"""StarPO in PyTorch, the way RAGEN runs it: Python environments stepped
+between turns, ``transformers`` generation, then the clipped policy update.
+
+It plays the same workload as the JAX step: the same weights (exported with
+``starpo_jax.models.hf.save``), tokenizer, prompts, answer grammar, rewards
+and loss, so that a throughput ratio compares equal work. The episode logic
+uses the plain-Python references the JAX code is tested against
+(``tests/reference_envs.py``, ``tests/reference_text.py``).
+
+Two generation loops:
+
+* ``Generator("dynamic")``: ``model.generate`` with its default dynamic
+  cache, one call per turn on the episodes still playing, re-reading each
+  episode's whole history (RAGEN with a Hugging Face rollout).
+* ``Generator("static")``: the fastest loop we could write: every episode
+  keeps one preallocated ``StaticCache`` for the whole episode, each turn
+  only prefills the new prompt, and one-token decoding runs through
+  ``torch.compile`` when ``compile=True``.
+
+The update matches ``starpo_jax.step``: GRPO advantages (no critic, no
+KL), shuffled minibatches, log-probabilities formed only at generated
+positions, token-mean clipped loss with clip-higher and dual clip, an
+entropy bonus, global-norm clipping and AdamW.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+
+from starpo_jax import text
+from starpo_jax.models.tokenizer import Tokenizer
+from tests import reference_envs as ref
+from tests import reference_text
+
+MARKERS = (
+  b"<think>",
+  b"</think>",
+  b"<answer>",
+  b"</answer>",
+  b"<|im_start|>",
+  b"<|im_end|>",
+  b"<|endoftext|>",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """The shape of a rollout and the update rule (``starpo_jax`` names)."""
+
+  env_groups: int
+  group_size: int
+  max_turns: int
+  max_new_tokens: int
+  max_actions_per_turn: int = 2
+  max_actions_per_traj: int = 10
+  enable_think: bool = True
+  temperature: float = 1.0
+  format_penalty: float = -0.1
+  clip_low: float = 0.2
+  clip_high: float = 0.28
+  dual_clip: float = 3.0
+  entropy_coef: float = 0.001
+  minibatches: int = 4
+  lr: float = 1e-3
+  b1: float = 0.9
+  b2: float = 0.999
+  weight_decay: float = 0.0
+  grad_clip: float = 1.0
+
+  @property
+  def batch(self) -> int:
+    return self.env_groups * self.group_size
+
+  @classmethod
+  def from_setup(cls, setup: Any) -> Config:
+    """The settings of a ``starpo_jax.train.Setup``."""
+    r, a, o = setup.rollout_cfg, setup.algo, setup.config.optim
+    if a.adv_estimator != "grpo" or a.uses_reference or a.epochs != 1:
+      raise ValueError(
+        "the PyTorch baseline implements GRPO without KL, one epoch"
+      )
+    return cls(
+      env_groups=r.env_groups,
+      group_size=r.group_size,
+      max_turns=r.max_turns,
+      max_new_tokens=r.max_new_tokens,
+      max_actions_per_turn=r.max_actions_per_turn,
+      max_actions_per_traj=r.max_actions_per_traj,
+      enable_think=r.enable_think,
+      temperature=r.temperature,
+      format_penalty=r.format_penalty,
+      clip_low=a.clip_low,
+      clip_high=a.clip_high,
+      dual_clip=a.dual_clip,
+      entropy_coef=a.entropy_coef,
+      minibatches=a.minibatches,
+      lr=o.lr,
+      b1=o.b1,
+      b2=o.b2,
+      weight_decay=o.weight_decay,
+      grad_clip=o.grad_clip,
+    )
+
+
+# ----------------------------------------------------------------------------
+# Losses (the JAX versions live in starpo_jax/losses.py, advantages.py).
+
+
+def token_logprobs(
+  logits: torch.Tensor,
+  tokens: torch.Tensor,
+  temperature: float,
+  allowed: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+  """Log-probability and entropy of ``tokens [...]`` under ``logits``."""
+  logits = logits / (temperature or 1.0)
+  if allowed is not None:
+    logits = logits.masked_fill(~allowed, float("-inf"))
+  logp_all = torch.log_softmax(logits, dim=-1)
+  logp = logp_all.gather(-1, tokens[..., None])[..., 0]
+  p = logp_all.exp()
+  entropy = -(p * torch.where(p > 0, logp_all, 0.0)).sum(-1)
+  return logp, entropy
+
+
+def sequence_logprobs(
+  model: Any,
+  tokens: torch.Tensor,
+  attention_mask: torch.Tensor,
+  positions: torch.Tensor,
+  temperature: float,
+  allowed: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+  """Log-probabilities and entropies ``[B, G]`` of the tokens at
+  ``positions [B, G]``; logits are formed only there."""
+  hidden = model.model(
+    input_ids=tokens, attention_mask=attention_mask
+  ).last_hidden_state
+  before = (positions - 1).clamp(min=0)
+  h = hidden.gather(1, before[..., None].expand(-1, -1, hidden.shape[-1]))
+  targets = tokens.gather(1, positions)
+  return token_logprobs(model.lm_head(h), targets, temperature, allowed)
+
+
+def policy_loss(
+  logp: torch.Tensor,
+  old_logp: torch.Tensor,
+  adv: torch.Tensor,
+  mask: torch.Tensor,
+  clip_low: float,
+  clip_high: float,
+  dual_clip: float,
+) -> torch.Tensor:
+  """Token-mean clipped surrogate, asymmetric clip, dual clip (verl's)."""
+  ratio = torch.exp(logp - old_logp)
+  loss1 = -adv * ratio
+  loss2 = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+  clipped = torch.maximum(loss1, loss2)
+  dual = torch.minimum(-adv * dual_clip, clipped)
+  per_token = torch.where(adv < 0, dual, clipped)
+  m = mask.to(per_token.dtype)
+  return (per_token * m).sum() / m.sum().clamp(min=1.0)
+
+
+def grpo_advantages(scores: torch.Tensor, groups: int) -> torch.Tensor:
+  """Per-episode GRPO advantages: (score - group mean) / (std + 1e-6)."""
+  g = scores.reshape(groups, -1)
+  if g.shape[1] == 1:
+    return scores.clone()
+  # Differences to the first score first: a group of equal scores gets
+  # exactly 0, not rounding noise divided by 1e-6.
+  d = g - g[:, :1]
+  centered = d - d.mean(1, keepdim=True)
+  std = centered.square().sum(1, keepdim=True).div(g.shape[1] - 1).sqrt()
+  return (centered / (std + 1e-6)).reshape(-1)
+
+
+# ----------------------------------------------------------------------------
+# Rollout.
+
+
+@dataclasses.dataclass
+class Episode:
+  env: Any
+  ids: list[int]
+  mask: list[bool]
+  logp: list[float]
+  used: int = 0
+  reward: float = 0.0
+  warn: bool = False
+  ended_by_stop: bool = False
+  done: bool = False
+  ret: float = 0.0
+
+
+@dataclasses.dataclass
+class Rollout:
+  episodes: list[Episode]
+  generated_tokens: int
+
+  def batch(self) -> dict[str, torch.Tensor]:
+    """Right-padded ``tokens``, ``attention_mask``, ``positions`` of the
+    generated tokens (packed to the front), their ``old_logp`` and
+    ``mask``, and each episode's ``score``."""
+    b = len(self.episodes)
+    length = max(len(e.ids) for e in self.episodes)
+    gen = max(1, max(sum(e.mask) for e in self.episodes))
+    tokens = torch.zeros(b, length, dtype=torch.long)
+    attention = torch.zeros(b, length, dtype=torch.long)
+    positions = torch.zeros(b, gen, dtype=torch.long)
+    old_logp = torch.zeros(b, gen)
+    mask = torch.zeros(b, gen, dtype=torch.bool)
+    for i, e in enumerate(self.episodes):
+      tokens[i, : len(e.ids)] = torch.tensor(e.ids)
+      attention[i, : len(e.ids)] = 1
+      where = [p for p, m in enumerate(e.mask) if m]
+      positions[i, : len(where)] = torch.tensor(where, dtype=torch.long)
+      old_logp[i, : len(where)] = torch.tensor(
+        [e.logp[p] for p in where], dtype=torch.float32
+      )
+      mask[i, : len(where)] = True
+    scores = torch.tensor([e.ret for e in self.episodes], dtype=torch.float32)
+    return dict(
+      tokens=tokens,
+      attention_mask=attention,
+      positions=positions,
+      old_logp=old_logp,
+      mask=mask,
+      score=scores,
+    )
+
+  def success_rate(self) -> float:
+    return float(np.mean([e.env.solved() for e in self.episodes]))
+
+
+def sokoban_levels(count: int, rng: random.Random) -> list[ref.Sokoban]:
+  """New 6x6 one-box levels from gym-sokoban's generator (RAGEN's)."""
+  from gym_sokoban.envs import room_utils
+
+  np.random.seed(rng.randrange(1 << 31))
+  out = []
+  while len(out) < count:
+    try:
+      fixed, state, _ = room_utils.generate_room(
+        dim=(6, 6), num_steps=int(1.7 * 12), num_boxes=1
+      )
+    except (RuntimeError, RuntimeWarning):
+      continue
+    cells = lambda m: {tuple(map(int, rc)) for rc in np.argwhere(m)}
+    out.append(
+      ref.Sokoban(
+        walls=cells(fixed == 0),
+        targets=cells(fixed == 2),
+        boxes=cells((state == 3) | (state == 4)),
+        player=tuple(map(int, np.argwhere(state == 5)[0])),
+        rows=6,
+        cols=6,
+        max_steps=100,
+      )
+    )
+  return out
+
+
+class _OnlyAllowed(transformers.LogitsProcessor):
+  def __init__(self, allowed: torch.Tensor):
+    self.allowed = allowed
+
+  def __call__(self, input_ids, scores):
+    return scores.masked_fill(~self.allowed, float("-inf"))
+
+
+class Generator:
+  """One turn of generation for a list of episodes (see module docstring)."""
+
+  def __init__(
+    self,
+    model: Any,
+    tok: Tokenizer,
+    cfg: Config,
+    allowed: torch.Tensor | None,
+    kind: str = "dynamic",
+    compile: bool = False,
+  ):
+    if kind not in ("dynamic", "static"):
+      raise ValueError(f"generator kind {kind!r}; expected dynamic or static")
+    self.model, self.tok, self.cfg, self.allowed = model, tok, cfg, allowed
+    self.kind = kind
+    self.device = next(model.parameters()).device
+    self.stop_ids = set(tok.stop_ids)
+    close = tok.token_to_id("</answer>")
+    if close is not None:
+      self.stop_ids.add(close)
+    self.pad = tok.eos_id
+    self._decode = model.forward
+    if compile:
+      self._decode = torch.compile(model.forward, dynamic=False)
+    self._cache = self._valid = self._next_pos = self._pending = None
+    self._length = 0
+
+  def start(self, batch: int, max_len: int) -> None:
+    """A new rollout of ``batch`` episodes, ``max_len`` tokens each at most."""
+    if self.kind == "static":
+      self._cache = transformers.StaticCache(
+        config=self.model.config, max_cache_len=max_len
+      )
+      d = self.device
+      self._valid = torch.zeros(batch, max_len, dtype=torch.long, device=d)
+      self._next_pos = torch.zeros(batch, dtype=torch.long, device=d)
+      self._length = 0
+      self._pending = None
+
+  def _sample(self, logits: torch.Tensor, gen: torch.Generator):
+    t = self.cfg.temperature or 1.0
+    z = logits.float() / t
+    if self.allowed is not None:
+      z = z.masked_fill(~self.allowed, float("-inf"))
+    logp_all = torch.log_softmax(z, -1)
+    if self.cfg.temperature == 0:
+      tok = logp_all.argmax(-1)
+    else:
+      # Gumbel-max: an exact sample, with host random numbers on any device.
+      u = torch.rand(logp_all.shape, generator=gen).to(self.device)
+      tok = (logp_all - torch.log(-torch.log(u.clamp(min=1e-20)))).argmax(-1)
+    return tok, logp_all.gather(-1, tok[:, None])[:, 0]
+
+  @torch.no_grad()
+  def __call__(
+    self,
+    rows: list[int],
+    contexts: list[list[int]],
+    prompts: list[list[int]],
+    gen: torch.Generator,
+  ) -> tuple[list[list[int]], list[list[float]]]:
+    """Responses and their log-probabilities for episodes ``rows``."""
+    if self.kind == "dynamic":
+      return self._dynamic(contexts, gen)
+    return self._static(rows, prompts, gen)
+
+  def _dynamic(self, contexts, gen):
+    width = max(len(c) for c in contexts)
+    ids = torch.full((len(contexts), width), self.pad, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for i, c in enumerate(contexts):
+      ids[i, width - len(c) :] = torch.tensor(c)
+      attention[i, width - len(c) :] = 1
+    processors = transformers.LogitsProcessorList(
+      [_OnlyAllowed(self.allowed)] if self.allowed is not None else []
+    )
+    torch.manual_seed(int(torch.randint(1 << 31, (), generator=gen)))
+    out = self.model.generate(
+      input_ids=ids.to(self.device),
+      attention_mask=attention.to(self.device),
+      do_sample=self.cfg.temperature > 0,
+      temperature=self.cfg.temperature or 1.0,
+      top_k=0,
+      top_p=1.0,
+      max_new_tokens=self.cfg.max_new_tokens,
+      eos_token_id=sorted(self.stop_ids),
+      pad_token_id=self.pad,
+      logits_processor=processors,
+      return_dict_in_generate=True,
+      output_logits=True,
+    )
+    new = out.sequences[:, width:]
+    logits = torch.stack(out.logits, 1)[:, : new.shape[1]]
+    logp, _ = token_logprobs(
+      logits.float(), new, self.cfg.temperature, self.allowed
+    )
+    return self._cut(new, logp)
+
+  def _cut(self, new: torch.Tensor, logp: torch.Tensor):
+    """Responses up to and including their first stop token."""
+    responses, logps = [], []
+    for row, lp in zip(new.tolist(), logp.tolist(), strict=True):
+      end = len(row)
+      for k, t in enumerate(row):
+        if t in self.stop_ids:
+          end = k + 1
+          break
+      responses.append(row[:end])
+      logps.append(lp[:end])
+    return responses, logps
+
+  def _forward(self, ids, positions, fn):
+    start = self._length
+    out = fn(
+      input_ids=ids,
+      position_ids=positions,
+      attention_mask=self._valid,
+      past_key_values=self._cache,
+      cache_position=torch.arange(
+        start, start + ids.shape[1], device=self.device
+      ),
+      use_cache=True,
+    )
+    self._length += ids.shape[1]
+    return out.logits[:, -1]
+
+  def _static(self, rows, prompts, gen):
+    # Every episode of the rollout stays in the batch (static shapes); the
+    # ones not playing this turn only have their slots masked out. The
+    # previous turn's last sampled token enters the cache with this prompt.
+    b = self._valid.shape[0]
+    d = self.device
+    live = torch.zeros(b, dtype=torch.bool, device=d)
+    live[rows] = True
+    width = max(len(p) for p in prompts)
+    ids = torch.full((b, width), self.pad, dtype=torch.long, device=d)
+    pos = self._next_pos[:, None].expand(b, width).clone()
+    start = self._length + (self._pending is not None)
+    for r, p in zip(rows, prompts, strict=True):
+      ids[r, width - len(p) :] = torch.tensor(p, device=d)
+      self._valid[r, start + width - len(p) : start + width] = 1
+      pos[r, width - len(p) :] = self._next_pos[r] + torch.arange(
+        len(p), device=d
+      )
+      self._next_pos[r] += len(p)
+    if self._pending is not None:
+      tok, tok_pos = self._pending
+      ids = torch.cat([tok[:, None], ids], 1)
+      pos = torch.cat([tok_pos, pos], 1)
+    logits = self._forward(ids, pos, self.model.forward)
+    finished = ~live
+    stops = torch.tensor(sorted(self.stop_ids), device=d)
+    out_tokens, out_logp = [], []
+    for k in range(self.cfg.max_new_tokens):
+      tok, lp = self._sample(logits, gen)
+      tok = torch.where(finished, self.pad, tok)
+      out_tokens.append(tok)
+      out_logp.append(lp)
+      self._valid[:, self._length] = (~finished).long()
+      pos = self._next_pos[:, None].clone()
+      self._next_pos += (~finished).long()
+      finished = finished | torch.isin(tok, stops)
+      if bool(finished.all()) or k == self.cfg.max_new_tokens - 1:
+        self._pending = (tok, pos)
+        break
+      logits = self._forward(tok[:, None], pos, self._decode)
+    new = torch.stack(out_tokens, 1)[rows]
+    logp = torch.stack(out_logp, 1)[rows]
+    return self._cut(new, logp)
+
+
+def turn_budget(tok: Tokenizer, cfg: Config, observation: str) -> int:
+  """Most tokens one turn's prompt and reply can take."""
+  prompt = reference_text.turn_text(
+    turn=cfg.max_turns - 1,
+    observation=observation,
+    reward=-10.55,
+    warn=True,
+    actions_left=cfg.max_actions_per_traj,
+    think=cfg.enable_think,
+    hint=cfg.max_new_tokens,
+    ended_by_stop=False,
+  )
+  return len(tok.encode(prompt)) + cfg.max_new_tokens + 1
+
+
+def rollout(
+  policy: Generator,
+  system: list[int],
+  levels: list[Any],
+  gen: torch.Generator,
+) -> Rollout:
+  """Plays every level to the end: ``max_turns`` turns at most."""
+  cfg, tok = policy.cfg, policy.tok
+  eps = [
+    Episode(lv, list(system), [False] * len(system), [0.0] * len(system))
+    for lv in levels
+  ]
+  budget = len(system) + cfg.max_turns * turn_budget(
+    tok, cfg, levels[0].text("grid")
+  )
+  policy.start(len(eps), budget)
+  open_tag = b"<think>" if cfg.enable_think else b"<answer>"
+  chat_stop = tok.token_to_id(tok.chat.stop)
+  generated = 0
+  for turn in range(cfg.max_turns):
+    rows = [i for i, e in enumerate(eps) if not e.done]
+    if not rows:
+      break
+    prompts = []
+    for i in rows:
+      e = eps[i]
+      chunk = tok.encode(
+        reference_text.turn_text(
+          turn=turn,
+          observation=e.env.text("grid"),
+          reward=e.reward,
+          warn=e.warn,
+          actions_left=cfg.max_actions_per_traj - e.used,
+          think=cfg.enable_think,
+          hint=cfg.max_new_tokens,
+          ended_by_stop=e.ended_by_stop,
+        )
+      )
+      prompts.append(chunk)
+      e.ids += chunk
+      e.mask += [False] * len(chunk)
+      e.logp += [0.0] * len(chunk)
+    responses, logps = policy(rows, [eps[i].ids for i in rows], prompts, gen)
+    for i, resp, lp in zip(rows, responses, logps, strict=True):
+      e = eps[i]
+      generated += len(resp)
+      e.ids += resp
+      e.mask += [True] * len(resp)
+      e.logp += lp
+      e.ended_by_stop = bool(resp) and resp[-1] == chat_stop
+      # Ids past the tokenizer (a padded embedding) stand for no bytes.
+      data = open_tag + b"".join(
+        tok.token_bytes(t) for t in resp if t < tok.vocab_size
+      )
+      _, actions = reference_text.parse(
+        data,
+        think=cfg.enable_think,
+        markers=MARKERS,
+        max_actions=cfg.max_actions_per_turn,
+        action_names=("Up", "Down", "Left", "Right"),
+      )
+      reward, valid, env_done = 0.0, 0, False
+      for a in actions:
+        if a < 0 or env_done or e.used >= cfg.max_actions_per_traj:
+          continue
+        result = e.env.step(a)
+        e.used += 1
+        valid += 1
+        reward += result.reward
+        env_done = result.terminated or result.truncated
+      if valid == 0 or valid < len(actions):
+        reward += cfg.format_penalty
+      e.reward, e.warn, e.ret = reward, valid == 0, e.ret + reward
+      e.done = (
+        env_done
+        or e.used >= cfg.max_actions_per_traj
+        or turn == cfg.max_turns - 1
+      )
+  return Rollout(eps, generated)
+
+
+# ----------------------------------------------------------------------------
+# Update and the whole iteration.
+
+
+def model_device(model: Any) -> torch.device:
+  """Where ``model``'s parameters (and so its inputs) live."""
+  return next(model.parameters()).device
+
+
+def optimizer(model: Any, cfg: Config) -> torch.optim.Optimizer:
+  return torch.optim.AdamW(
+    model.parameters(),
+    lr=cfg.lr,
+    betas=(cfg.b1, cfg.b2),
+    eps=1e-8,
+    weight_decay=cfg.weight_decay,
+  )
+
+
+def minibatch_step(
+  model: Any,
+  opt: torch.optim.Optimizer,
+  pick: dict[str, torch.Tensor],
+  cfg: Config,
+  allowed: torch.Tensor | None,
+) -> float:
+  """One optimizer step on a minibatch; returns its loss."""
+  # Trim the minibatch to its own longest episode.
+  length = int(pick["attention_mask"].sum(1).max())
+  logp, ent = sequence_logprobs(
+    model,
+    pick["tokens"][:, :length],
+    pick["attention_mask"][:, :length],
+    pick["positions"],
+    cfg.temperature,
+    allowed,
+  )
+  m = pick["mask"]
+  loss = policy_loss(
+    logp,
+    pick["old_logp"],
+    pick["adv"],
+    m,
+    cfg.clip_low,
+    cfg.clip_high,
+    cfg.dual_clip,
+  )
+  mf = m.float()
+  entropy = (ent * mf).sum() / mf.sum().clamp(min=1.0)
+  loss = loss - cfg.entropy_coef * entropy
+  opt.zero_grad(set_to_none=True)
+  loss.backward()
+  torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+  opt.step()
+  return float(loss.detach())
+
+
+def update(
+  model: Any,
+  opt: torch.optim.Optimizer,
+  batch: dict[str, torch.Tensor],
+  cfg: Config,
+  allowed: torch.Tensor | None,
+  gen: torch.Generator,
+) -> dict[str, float]:
+  """One epoch of shuffled minibatches of the clipped policy update."""
+  adv = grpo_advantages(batch["score"], cfg.env_groups)[:, None] * batch["mask"]
+  b = adv.shape[0]
+  order = torch.randperm(b, generator=gen)
+  mb = b // cfg.minibatches
+  losses = []
+  for k in range(cfg.minibatches):
+    idx = order[k * mb : (k + 1) * mb]
+    pick = {name: v[idx] for name, v in batch.items()}
+    pick["adv"] = adv[idx]
+    pick = {name: v.to(model_device(model)) for name, v in pick.items()}
+    losses.append(minibatch_step(model, opt, pick, cfg, allowed))
+  return {"loss": float(np.mean(losses))}
+
+
+class Loop:
+  """The whole StarPO iteration in PyTorch: new levels, rollout, update."""
+
+  def __init__(
+    self,
+    model: Any,
+    tok: Tokenizer,
+    spec: Any,
+    cfg: Config,
+    allowed: np.ndarray | None,
+    kind: str = "dynamic",
+    compile: bool = False,
+    seed: int = 0,
+  ):
+    settings = text.PromptSettings(
+      enable_think=cfg.enable_think,
+      max_actions_per_turn=cfg.max_actions_per_turn,
+      response_hint=cfg.max_new_tokens,
+      answer_vocab=allowed is not None,
+    )
+    chat = tok.chat
+    self.system = tok.encode(
+      chat.begin
+      + chat.start("system")
+      + text.system_text(spec, settings)
+      + chat.message_end
+    )
+    self.model, self.cfg = model, cfg
+    self.allowed = (
+      None
+      if allowed is None
+      else torch.as_tensor(allowed).to(model_device(model))
+    )
+    self.generator = Generator(model, tok, cfg, self.allowed, kind, compile)
+    self.opt = optimizer(model, cfg)
+    self.rng = random.Random(seed)
+    self.gen = torch.Generator().manual_seed(seed)
+
+  def levels(self) -> list[ref.Sokoban]:
+    """``env_groups`` new levels, each played by ``group_size`` episodes."""
+    out = []
+    for lv in sokoban_levels(self.cfg.env_groups, self.rng):
+      out += [copy.deepcopy(lv) for _ in range(self.cfg.group_size)]
+    return out
+
+  def rollout(self) -> Rollout:
+    self.model.eval()
+    return rollout(self.generator, self.system, self.levels(), self.gen)
+
+  def iteration(self) -> dict[str, float]:
+    played = self.rollout()
+    self.model.train()
+    stats = update(
+      self.model, self.opt, played.batch(), self.cfg, self.allowed, self.gen
+    )
+    return dict(
+      stats,
+      generated_tokens=played.generated_tokens,
+      success=played.success_rate(),
+    )
