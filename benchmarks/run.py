@@ -254,7 +254,7 @@ def _row(suite, pair, metric, jax_value, baseline, torch_value, **extra):
 def env_suite(smoke: bool, peak: dict[str, float]) -> list[dict[str, Any]]:
   from benchmarks import envs as env_bench
 
-  batches = (1, 64) if smoke else (1, 64, 4096)
+  batches = (64,) if smoke else (1, 64, 4096)
   gym = env_bench.gym_sokoban_rates()
   py = env_bench.python_rates("sokoban")
   rows = []

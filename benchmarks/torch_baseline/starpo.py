@@ -244,7 +244,10 @@ def sokoban_levels(count: int, rng: random.Random) -> list[ref.Sokoban]:
   """New 6x6 one-box levels from gym-sokoban's generator (RAGEN's)."""
   from gym_sokoban.envs import room_utils
 
-  np.random.seed(rng.randrange(1 << 31))
+  # gym-sokoban draws from both global generators.
+  seed = rng.randrange(1 << 31)
+  np.random.seed(seed)
+  random.seed(seed)
   out = []
   while len(out) < count:
     try:
@@ -501,7 +504,8 @@ def rollout(
           ended_by_stop=e.ended_by_stop,
         )
       )
-      prompts.append(chunk)
+      # What the cache has not seen: the system prompt, too, at first.
+      prompts.append((system if turn == 0 else []) + chunk)
       e.ids += chunk
       e.mask += [False] * len(chunk)
       e.logp += [0.0] * len(chunk)
