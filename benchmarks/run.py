@@ -137,9 +137,16 @@ def forward_flops(
 # The workload: one config, a JAX train state and the same weights in torch.
 
 
-def workload(model: str, smoke: bool, tokenizer_dir: str):
+def workload(
+  model: str, smoke: bool, tokenizer_dir: str, replies: str = "short"
+):
   """The Sokoban training config both sides run (GRPO without KL: the
-  PyTorch baseline has no critic and no reference model)."""
+  PyTorch baseline has no critic and no reference model).
+
+  ``replies="long"`` (rollout only) swaps the tiny model's short answers
+  for RAGEN's reply format: ``<think>`` and 100 new tokens a turn, on 32
+  episodes of 3 turns.
+  """
   c = sokoban.get_config(f"model={model},algo=grpo")
   c.algo.kl_coef = 0.0
   c.train.eval_every = 0
@@ -154,6 +161,12 @@ def workload(model: str, smoke: bool, tokenizer_dir: str):
     c.rollout.max_new_tokens = 16
     c.rollout.max_context = 384
     c.algo.minibatches = 2
+  if replies == "long":
+    c.rollout.enable_think, c.rollout.answer_vocab = True, False
+    c.rollout.env_groups, c.rollout.group_size = 2, 16
+    c.rollout.max_turns = 3
+    c.rollout.max_new_tokens = 100
+    c.rollout.max_context = 1024
   if smoke:
     c.model.hidden_size, c.model.intermediate_size = 64, 128
     c.model.num_heads, c.model.head_dim = 2, 32
@@ -169,7 +182,12 @@ class Pair:
   """A JAX train state and the PyTorch model with the same weights."""
 
   def __init__(
-    self, model: str, smoke: bool, workdir: str, torch_device: str = "cpu"
+    self,
+    model: str,
+    smoke: bool,
+    workdir: str,
+    torch_device: str = "cpu",
+    replies: str = "short",
   ):
     import torch
     import transformers
@@ -191,7 +209,8 @@ class Pair:
       tokenizer_lib.build_compact(
         prompt_pieces(envs.make("sokoban").spec, settings)
       ).save(tok_dir)
-    self.config = workload(model, smoke, tok_dir)
+    self.replies = replies
+    self.config = workload(model, smoke, tok_dir, replies)
     self.setup = train.build(self.config)
     state, self.policy_def, self.critic_def, self.tx, self.critic_tx = (
       train.init_state(self.setup)
@@ -231,6 +250,7 @@ class Pair:
     return (
       f"{self.name} ({self.model_cfg.num_params() / 1e6:.1f}M), "
       f"{r.batch} episodes x {r.max_turns} turns x {r.max_new_tokens} tokens"
+      + (" (think)" if r.enable_think else "")
     )
 
 
@@ -325,9 +345,10 @@ def rollout_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
   for kind, label, compile in (
     ("dynamic", "transformers generate + Python envs", False),
     ("static", "static-cache loop + Python envs", False),
+    # torch.compile takes about a minute here, and made decoding slower.
     *(
       []
-      if pair.smoke
+      if pair.smoke or pair.replies == "long"
       else [("static", "static-cache loop, torch.compile + Python envs", True)]
     ),
   ):
@@ -610,9 +631,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           "update": update_suite,
           "iteration": iteration_suite,
         }[suite]
-        pair = Pair(args.model, args.smoke, workdir, args.torch_device)
-        rows += fn(pair, peak, repeats)
-        del pair
+        long_too = (
+          suite == "rollout" and args.model == "tiny" and not args.smoke
+        )
+        for replies in ("short", "long") if long_too else ("short",):
+          pair = Pair(
+            args.model, args.smoke, workdir, args.torch_device, replies
+          )
+          rows += fn(pair, peak, repeats)
+          del pair
         gc.collect()
       print(
         f"  {suite}: {time.perf_counter() - t0:.0f} s",
