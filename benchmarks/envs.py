@@ -5,7 +5,7 @@
 
 For each environment and batch size it reports steps/s (a step plus a
 render of the new observation) and generated levels/s, beside the Python
-peers: the plain-Python rules of ``tests/reference_envs.py`` and, for
+peers: the plain-Python rules of ``reference/envs.py`` and, for
 Sokoban, the ``gym-sokoban`` package RAGEN builds on. Then it compares the
 difficulty of generated Sokoban levels with gym-sokoban's: optimal solution
 lengths from the breadth-first solver.
@@ -32,7 +32,7 @@ import envs
 from benchmarks import common
 from envs.bandit import constants as bandit_constants
 from envs.sokoban import solve
-from tests import reference_envs as ref
+from reference import envs as ref
 
 ENV_NAMES = ("sokoban", "sokoban_larger", "frozen_lake", "bandit")
 # Random play must not end episodes by truncation inside the timed loop.

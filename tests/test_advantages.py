@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reference import advantages as ref
 from starpo_jax import advantages as adv
 
 B, L, GROUPS = 6, 12, 2
@@ -24,35 +25,17 @@ def random_batch(seed):
   return mask, rewards.astype(np.float32), values.astype(np.float32)
 
 
-def np_whiten(x, mask):
-  vals = x[mask]
-  return np.where(mask, (x - vals.mean()) / np.sqrt(vals.var(ddof=1) + 1e-8), 0)
-
-
-def np_gae(rewards, values, mask, gamma, lam):
-  out = np.zeros_like(rewards)
-  for b in range(B):
-    steps = np.flatnonzero(mask[b])
-    last, next_value = 0.0, 0.0
-    for p in steps[::-1]:
-      delta = rewards[b, p] + gamma * next_value - values[b, p]
-      last = delta + gamma * lam * last
-      out[b, p] = last
-      next_value = values[b, p]
-  return out
-
-
 @pytest.mark.parametrize("seed, gamma, lam", [(0, 1.0, 1.0), (1, 0.9, 0.8)])
 def test_gae_matches_the_reverse_recursion(seed, gamma, lam):
   mask, rewards, values = random_batch(seed)
   got_adv, got_ret = adv.gae(
     jnp.asarray(rewards), jnp.asarray(values), jnp.asarray(mask), gamma, lam
   )
-  raw = np_gae(rewards, values, mask, gamma, lam)
+  raw = ref.gae(rewards, values, mask, gamma, lam)
   np.testing.assert_allclose(
     got_ret, np.where(mask, raw + values, 0), atol=1e-5
   )
-  np.testing.assert_allclose(got_adv, np_whiten(raw, mask), atol=1e-4)
+  np.testing.assert_allclose(got_adv, ref.whiten(raw, mask), atol=1e-4)
 
 
 def test_bi_level_gae_matches_ragens_two_loops():
@@ -65,26 +48,9 @@ def test_bi_level_gae_matches_ragens_two_loops():
       turn_end[b, steps[-1]] = True
   rewards = np.where(turn_end, rewards + 1.0, 0.0).astype(np.float32)
   gamma, lam, turn_gamma = 0.99, 0.95, 0.9
-  want = np.zeros_like(rewards)
-  for b in range(B):
-    ends = np.flatnonzero(turn_end[b])
-    turn_adv = np.zeros(L)
-    last = 0.0
-    for i in range(len(ends) - 1, -1, -1):
-      nxt = values[b, ends[i + 1]] if i + 1 < len(ends) else 0.0
-      delta = rewards[b, ends[i]] + turn_gamma * nxt - values[b, ends[i]]
-      last = delta + turn_gamma * lam * last
-      turn_adv[ends[i]] = last
-    reward = np.where(turn_end[b], turn_adv + values[b], 0.0)
-    steps = np.flatnonzero(mask[b])
-    last, nxt = 0.0, 0.0
-    for p in steps[::-1]:
-      if turn_end[b, p]:
-        last, nxt = 0.0, 0.0
-      delta = reward[p] + gamma * nxt - values[b, p]
-      last = delta + gamma * lam * last
-      want[b, p] = last
-      nxt = values[b, p]
+  want = ref.bi_level_gae(
+    rewards, values, mask, turn_end, gamma, lam, turn_gamma
+  )
   got, _ = adv.bi_level_gae(
     jnp.asarray(rewards),
     jnp.asarray(values),
@@ -94,7 +60,7 @@ def test_bi_level_gae_matches_ragens_two_loops():
     lam,
     turn_gamma,
   )
-  np.testing.assert_allclose(got, np_whiten(want, mask), atol=1e-4)
+  np.testing.assert_allclose(got, ref.whiten(want, mask), atol=1e-4)
 
 
 @pytest.mark.parametrize("norm", [True, False])
@@ -150,7 +116,7 @@ def test_reinforce_plus_plus_returns_to_go_then_whitens():
     jnp.asarray(rewards), jnp.asarray(mask), gamma
   )
   np.testing.assert_allclose(got_ret, want, atol=1e-5)
-  np.testing.assert_allclose(got_adv, np_whiten(want, mask), atol=1e-4)
+  np.testing.assert_allclose(got_adv, ref.whiten(want, mask), atol=1e-4)
 
 
 def test_reinforce_plus_plus_baseline_subtracts_group_mean_then_whitens():
@@ -168,7 +134,7 @@ def test_reinforce_plus_plus_baseline_subtracts_group_mean_then_whitens():
   got = adv.reinforce_plus_plus_baseline(
     jnp.asarray(scores), jnp.asarray(mask), GROUPS
   )
-  np.testing.assert_allclose(got, np_whiten(raw, mask), atol=1e-4)
+  np.testing.assert_allclose(got, ref.whiten(raw, mask), atol=1e-4)
 
 
 @pytest.mark.parametrize("groups,size", [(1, 16), (4, 5)])

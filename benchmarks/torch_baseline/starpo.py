@@ -5,7 +5,7 @@ It plays the same workload as the JAX step: the same weights (exported with
 ``starpo_jax.models.hf.save``), tokenizer, prompts, answer grammar, rewards
 and loss, so that a throughput ratio compares equal work. The episode logic
 uses the plain-Python references the JAX code is tested against
-(``tests/reference_envs.py``, ``tests/reference_text.py``).
+(``reference/envs.py``, ``reference/text.py``).
 
 Two generation loops:
 
@@ -34,10 +34,10 @@ import numpy as np
 import torch
 import transformers
 
+from reference import envs as ref
+from reference import text as reference_text
 from starpo_jax import text
 from starpo_jax.models.tokenizer import Tokenizer
-from tests import reference_envs as ref
-from tests import reference_text
 
 MARKERS = (
   b"<think>",

@@ -8,7 +8,7 @@ import pytest
 
 import envs
 from envs.bandit import constants
-from tests import reference_envs as ref
+from reference import envs as ref
 from tests.envs.conftest import (
   NUM_LEVELS,
   batch_reset,

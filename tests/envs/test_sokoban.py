@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import envs
 from envs.sokoban import State, constants, solve
-from tests import reference_envs as ref
+from reference import envs as ref
 from tests.envs.conftest import (
   NUM_LEVELS,
   batch_reset,

@@ -54,8 +54,16 @@ def turn_text(
   think: bool,
   hint: int,
   ended_by_stop: bool,
+  compact: bool = False,
 ) -> str:
-  """One turn's prompt text in ChatML, RAGEN's full-history layout."""
+  """One turn's prompt text in ChatML, RAGEN's full-history layout (or,
+  ``compact``, the observation alone as the user message)."""
+  if compact:
+    return (
+      ("" if turn == 0 else "\n" if ended_by_stop else "<|im_end|>\n")
+      + f"<|im_start|>user\n{observation}<|im_end|>\n<|im_start|>assistant\n"
+      + ("<think>" if think else "<answer>")
+    )
   fmt = (
     "<think> [Your thoughts] </think> <answer> [your answer] </answer>"
     if think
