@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from envs import core, grid, render
+from envs import core, grid, planning, render
 from envs.frozen_lake import constants, generator
 
 # RAGEN's coord label order.
@@ -145,6 +145,29 @@ class FrozenLake(core.TextEnv):
 
   def _effective(self, old: State, new: State) -> jax.Array:
     return old.player != new.player
+
+  def plan(self, state: State, horizon: int) -> planning.Plan:
+    """A shortest safe path's first ``horizon`` actions (jittable).
+
+    Raises:
+      ValueError: on slippery ice, where no fixed plan is optimal.
+    """
+    if self.success_rate < 1.0:
+      raise ValueError(
+        "frozen_lake: plans need deterministic moves (success_rate=1.0), "
+        f"got success_rate={self.success_rate}"
+      )
+    cells = jnp.arange(self.size * self.size)
+    moves = jnp.asarray(constants.MOVES, jnp.int32)
+    row = jnp.clip(cells[:, None] // self.size + moves[:, 0], 0, self.size - 1)
+    col = jnp.clip(cells[:, None] % self.size + moves[:, 1], 0, self.size - 1)
+    return planning.shortest_plan(
+      row * self.size + col,
+      cells == state.goal,
+      state.holes,
+      state.player,
+      horizon,
+    )
 
   def render(self, state: State) -> tuple[jax.Array, jax.Array]:
     cells = jnp.arange(self.size * self.size)

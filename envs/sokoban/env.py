@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from envs import core, grid, render
+from envs import core, grid, planning, render
 from envs.sokoban import constants, generator
 from envs.sokoban import render as sokoban_render
 
@@ -177,3 +177,32 @@ class Sokoban(core.TextEnv):
 
   def render(self, state: State) -> tuple[jax.Array, jax.Array]:
     return sokoban_render.render_state(self._text, state)
+
+  def plan(self, state: State, horizon: int) -> planning.Plan:
+    """A shortest solution's first ``horizon`` actions (jittable).
+
+    Breadth-first over (player cell, box cell) pairs, so one box only.
+
+    Raises:
+      ValueError: for more than one box.
+    """
+    if self.num_boxes != 1:
+      raise ValueError(
+        f"sokoban: plans need num_boxes=1 (the planner enumerates player x "
+        f"box cells), got num_boxes={self.num_boxes}"
+      )
+    n = state.walls.shape[0]
+    player = jnp.arange(n)[:, None, None]  # [N, 1, 1]
+    box = jnp.arange(n)[None, :, None]  # [1, N, 1]
+    dest = jnp.clip(player + self._deltas, 0, n - 1)  # [N, 1, A]
+    beyond = jnp.clip(dest + self._deltas, 0, n - 1)
+    push = (dest == box) & ~state.walls[beyond]
+    move = ~state.walls[dest] & ((dest != box) | push)
+    new_player = jnp.where(move, dest, player)
+    new_box = jnp.where(push & move, beyond, box)
+    next_state = (new_player * n + new_box).reshape(n * n, -1)
+    goal = jnp.broadcast_to(state.targets[None, :], (n, n)).reshape(-1)
+    start = state.player * n + jnp.argmax(state.boxes)
+    return planning.shortest_plan(
+      next_state, goal, jnp.zeros_like(goal), start, horizon
+    )

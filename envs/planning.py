@@ -1,0 +1,83 @@
+"""Shortest plans inside ``jit``: breadth-first distances on an enumerated
+state space, then greedy descent.
+
+An environment whose states can be enumerated (FrozenLake's cells, one-box
+Sokoban's player x box cells) describes itself as a transition table; the
+distances to the goal come from relaxing ``d(s) = 1 + min_a d(next(s, a))``
+until nothing changes, which is breadth-first search run backwards, with
+static shapes. Following the smallest distance from the start spells out a
+shortest solution (ties go to the lowest action id). The plans are what a
+supervised warm start imitates.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class Plan:
+  actions: jax.Array  # [H] int32 action ids, -1 after the goal (or none)
+  length: jax.Array  # [] int32 shortest solution length, -1 if unsolvable
+
+
+def distances(
+  next_state: jax.Array, goal: jax.Array, dead: jax.Array
+) -> jax.Array:
+  """Fewest actions from each state to a goal state.
+
+  Args:
+    next_state: ``[S, A]`` int32, the state each action leads to.
+    goal: ``[S]`` bool, states that end the episode in success.
+    dead: ``[S]`` bool, states that end it in failure (never entered).
+
+  Returns:
+    ``[S]`` int32; ``S`` (more than any path needs) where no goal is
+    reachable.
+  """
+  n = goal.shape[0]
+  unreachable = jnp.int32(n)
+  after = jnp.where(dead[next_state], -1, next_state)  # -1: not allowed
+
+  def relax(d):
+    through = jnp.where(after >= 0, d[jnp.maximum(after, 0)], unreachable)
+    best = jnp.minimum(jnp.min(through, axis=1) + 1, unreachable)
+    return jnp.where(goal, 0, jnp.where(dead, unreachable, best))
+
+  def body(carry):
+    d, _ = carry
+    new = relax(d)
+    return new, jnp.any(new != d)
+
+  start = jnp.where(goal, 0, unreachable).astype(jnp.int32)
+  d, _ = jax.lax.while_loop(lambda c: c[1], body, (start, jnp.array(True)))
+  return d
+
+
+def shortest_plan(
+  next_state: jax.Array,
+  goal: jax.Array,
+  dead: jax.Array,
+  start: jax.Array,
+  horizon: int,
+) -> Plan:
+  """The first ``horizon`` actions of a shortest path from ``start``.
+
+  Args:
+    next_state, goal, dead: as in ``distances``.
+    start: ``[]`` int32 state index.
+    horizon: how many actions to spell out.
+  """
+  n = goal.shape[0]
+  d = distances(next_state, goal, dead)
+  cost = jnp.where(dead[next_state], n, d[next_state])  # [S, A]
+
+  def step(s, _):
+    go = (d[s] > 0) & (d[s] < n)
+    a = jnp.argmin(cost[s]).astype(jnp.int32)
+    return jnp.where(go, next_state[s, a], s), jnp.where(go, a, -1)
+
+  _, actions = jax.lax.scan(step, start, None, length=horizon)
+  return Plan(actions=actions, length=jnp.where(d[start] < n, d[start], -1))
