@@ -11,7 +11,7 @@ argument:
   and numbers rendered digit by digit.
 * parse: generated token ids -> bytes through a ``[vocab, max_bytes]`` table,
   then RAGEN's answer grammar on the bytes (below). Invariant: it equals a
-  plain-Python regex reference on any text (``tests/reference_text.py``).
+  plain-Python regex reference on any text (``reference/text.py``).
 * stopping: a per-token automaton finds ``</answer>`` even when it is split
   across tokens, in O(1) per decoded token.
 
@@ -39,7 +39,10 @@ from flax import struct
 from envs import EnvSpec
 from starpo_jax.models.tokenizer import TAGS, Tokenizer
 
+ANSWER_OPEN = b"<answer>"
 ANSWER_CLOSE = b"</answer>"
+THINK_OPEN = b"<think>"
+THINK_CLOSE = b"</think>"
 ACTION_SEP = b"||"
 WHITESPACE = b" \t\n\r\x0b\x0c"
 FORMAT_THINK = (
@@ -53,6 +56,13 @@ WARNING = (
 
 Segment = tuple[jax.Array, jax.Array]  # ids [M], keep [M]
 
+# A reward in a prompt: sign, up to six integer digits, point, two decimals.
+REWARD_DIGITS = 6
+REWARD_TOKENS = 1 + REWARD_DIGITS + 1 + 2
+
+
+PROMPT_STYLES = ("ragen", "compact")
+
 
 @dataclasses.dataclass(frozen=True)
 class PromptSettings:
@@ -62,6 +72,15 @@ class PromptSettings:
   (choice made here: RAGEN prints the per-episode budget there, though only
   ``max_actions_per_turn`` actions of an answer are executed).
   ``response_hint`` is the length promised in the format reminder.
+
+  ``style="ragen"`` is RAGEN's prompt: instructions, legend and actions in
+  the system message; per turn the previous reward, ``Turn k:``, the state,
+  the actions left and the format reminder. ``style="compact"`` is for
+  models trained from scratch, which read none of that text: the system
+  message names the environment and each user message is the observation
+  alone. Contexts are about half as long (the update's cost), and the
+  tokens between an observation and the reply are the same every turn, so
+  each board cell sits at a fixed distance from the answer.
   """
 
   enable_think: bool = True
@@ -72,10 +91,24 @@ class PromptSettings:
   # on for a model learning from scratch, which could otherwise not stumble
   # on a well-formed answer by chance.
   answer_vocab: bool = False
+  style: str = "ragen"
+
+  def __post_init__(self) -> None:
+    if self.style not in PROMPT_STYLES:
+      raise ValueError(
+        f"prompt: style={self.style!r}; expected one of {PROMPT_STYLES}"
+      )
+
+  @property
+  def compact(self) -> bool:
+    return self.style == "compact"
 
 
 def system_text(spec: EnvSpec, settings: PromptSettings) -> str:
-  """The system message: instructions, symbol legend, actions."""
+  """The system message: instructions, symbol legend, actions (or, in the
+  compact style, the environment's name)."""
+  if settings.compact:
+    return spec.name
   text = "You're a helpful assistant. " + spec.instructions
   if spec.legend:
     text += "\nThe meaning of each symbol in the state is:\n" + ", ".join(
@@ -312,10 +345,11 @@ class Codec:
     return jnp.asarray(self.fragments.digits, jnp.int32)[digits], keep
 
   def reward(self, value: jax.Array) -> Segment:
-    """A reward as ``format_reward`` writes it (magnitudes below 1e6)."""
+    """A reward as ``format_reward`` writes it (magnitudes below 1e6):
+    ``REWARD_TOKENS`` slots, sign, digits, point and two decimals."""
     cents = jnp.round(value * 100).astype(jnp.int32)
     whole, frac = jnp.abs(cents) // 100, jnp.abs(cents) % 100
-    ids, keep = self.number(whole, 6)
+    ids, keep = self.number(whole, REWARD_DIGITS)
     tenths, hundredths = frac // 10, frac % 10
     digits = jnp.asarray(self.fragments.digits, jnp.int32)
     f = self.fragments
@@ -341,18 +375,23 @@ class Codec:
     )
 
   def turn_chunk_size(self, max_turns: int, max_actions: int) -> int:
-    """Tokens a ``turn_chunk`` can hold."""
+    """Tokens a ``turn_chunk`` can hold: every segment at its longest."""
     f = self.fragments
-    fixed = (
+    size = (
       max(len(f.end_full), len(f.end_after_stop))
       + len(f.user_start)
-      + len(f.reward_head)
-      + 10
+      + self.max_obs_tokens
+      + len(f.reply_start)
+    )
+    if self.settings.compact:
+      return size
+    return size + (
+      len(f.reward_head)
+      + REWARD_TOKENS
       + len(f.newline)
       + len(f.turn_head)
       + len(str(max_turns))
       + len(f.state_head)
-      + self.max_obs_tokens
       + len(f.newline)
       + len(f.warning)
       + len(f.actions_head)
@@ -360,9 +399,7 @@ class Codec:
       + len(f.reminder)
       + len(str(self.settings.response_hint))
       + len(f.reminder_tail)
-      + len(f.reply_start)
     )
-    return fixed
 
   def turn_chunk(
     self,
@@ -376,7 +413,7 @@ class Codec:
     max_turns: int,
     max_actions: int,
   ) -> tuple[jax.Array, jax.Array]:
-    """The tokens between two replies, RAGEN's full-history format.
+    """The tokens between two replies, in the settings' prompt style.
 
     Args:
       turn: int32 [], 0-based.
@@ -393,20 +430,24 @@ class Codec:
     f = self.fragments
     later = turn > 0
     const = lambda ids, keep=True: fixed(ids, keep)
+    observation = (obs[0], jnp.arange(obs[0].shape[0]) < obs[1])
     segments = [
       const(f.end_after_stop, later & ended_by_stop),
       const(f.end_full, later & ~ended_by_stop),
       const(f.user_start),
-      const(f.reward_head, later),
     ]
+    if self.settings.compact:
+      segments += [observation, const(f.reply_start)]
+      return pack(segments, size)
     r_ids, r_keep = self.reward(reward)
     segments += [
+      const(f.reward_head, later),
       (r_ids, r_keep & later),
       const(f.newline, later),
       const(f.turn_head),
       self.number(turn + 1, len(str(max_turns))),
       const(f.state_head),
-      (obs[0], jnp.arange(obs[0].shape[0]) < obs[1]),
+      observation,
       const(f.newline),
       const(f.warning, warn),
       const(f.actions_head),
@@ -590,30 +631,33 @@ def parse_bytes(
   """The answer grammar on bytes ``data [N]`` (``count`` used)."""
   n = data.shape[0]
   idx = jnp.arange(n)
-  a_open = _find(data, count, b"<answer>")
-  a_close = _find(data, count, b"</answer>")
+  a_open = _find(data, count, ANSWER_OPEN)
+  a_close = _find(data, count, ANSWER_CLOSE)
   if think:
-    t_open = _find(data, count, b"<think>")
-    t_close = _find(data, count, b"</think>")
+    t_open = _find(data, count, THINK_OPEN)
+    t_close = _find(data, count, THINK_CLOSE)
     is_ws = jnp.isin(data, jnp.frombuffer(WHITESPACE, np.uint8)) & (idx < count)
     # After each position, the first non-whitespace position.
     nonws_at = jnp.where(is_ws, n, idx)
     next_nonws = jax.lax.cummin(nonws_at, reverse=True)
-    after_close = jnp.clip(idx + 8, 0, n - 1)
-    answer_at = jnp.where(idx + 8 < n, next_nonws[after_close], n)
+    # Where "<answer>" must start: the first non-space after "</think>".
+    after_close = jnp.clip(idx + len(THINK_CLOSE), 0, n - 1)
+    answer_at = jnp.where(
+      idx + len(THINK_CLOSE) < n, next_nonws[after_close], n
+    )
     answer_ok = (answer_at < n) & a_open[jnp.clip(answer_at, 0, n - 1)]
     # A later "</answer>" must exist after that "<answer>".
     close_after = jax.lax.cummax(jnp.where(a_close, idx, -1), reverse=True)
-    content_from = answer_at + 8
+    content_from = answer_at + len(ANSWER_OPEN)
     has_close = close_after[jnp.clip(content_from, 0, n - 1)] >= content_from
     valid_close = t_close & answer_ok & has_close & (content_from < n)
     first_open = _first(t_open, n)
-    j = _first(valid_close & (idx >= first_open + 7), n)
+    j = _first(valid_close & (idx >= first_open + len(THINK_OPEN)), n)
     matched = (first_open < n) & (j < n)
     start = content_from[jnp.clip(j, 0, n - 1)]
   else:
     first_open = _first(a_open, n)
-    start = first_open + 8
+    start = first_open + len(ANSWER_OPEN)
     close_after = jax.lax.cummax(jnp.where(a_close, idx, -1), reverse=True)
     matched = (
       (first_open < n)

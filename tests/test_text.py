@@ -3,6 +3,7 @@ plain-Python references."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 import re
@@ -13,8 +14,8 @@ import numpy as np
 import pytest
 
 import envs
+from reference import text as ref
 from starpo_jax import text
-from tests import reference_text as ref
 from tests.envs.conftest import level_pool, to_numpy
 from tests.text_fixtures import SETTINGS, TOKENIZERS, byte_token, env_variants
 
@@ -215,10 +216,12 @@ def test_rewards_are_written_as_the_reference_formats_them(value):
   assert got == text.format_reward(float(np.float32(value)))
 
 
-def test_turn_chunks_decode_to_ragens_prompt():
+@pytest.mark.parametrize("style", text.PROMPT_STYLES)
+def test_turn_chunks_decode_to_the_reference_prompt(style):
   tok = TOKENIZERS["bpe"]()
   env = envs.make("sokoban")
-  codec = text.Codec.build(tok, env.spec, SETTINGS)
+  settings = dataclasses.replace(SETTINGS, style=style)
+  codec = text.Codec.build(tok, env.spec, settings)
   size = codec.turn_chunk_size(5, 10)
   states = jax.tree.map(lambda x: x[:8], level_pool("sokoban"))
   obs = jax.jit(jax.vmap(codec.render))(*jax.vmap(env.render)(states))
@@ -245,9 +248,26 @@ def test_turn_chunks_decode_to_ragens_prompt():
     )
     observation = tok.decode(np.asarray(obs[0][i])[: int(obs[1][i])])
     want = ref.turn_text(
-      observation=observation, think=True, hint=SETTINGS.response_hint, **case
+      observation=observation,
+      think=True,
+      hint=SETTINGS.response_hint,
+      compact=style == "compact",
+      **case,
     )
     assert tok.decode(np.asarray(ids)[: int(count)]) == want
+    assert count <= size
+
+
+def test_the_compact_prompt_is_short_and_names_the_environment():
+  tok = TOKENIZERS["compact"]()
+  env = envs.make("sokoban")
+  compact = dataclasses.replace(SETTINGS, style="compact")
+  assert text.system_text(env.spec, compact) == "sokoban"
+  ragen = text.Codec.build(tok, env.spec, SETTINGS).turn_chunk_size(5, 10)
+  short = text.Codec.build(tok, env.spec, compact).turn_chunk_size(5, 10)
+  assert short < ragen / 2
+  with pytest.raises(ValueError, match="style"):
+    text.PromptSettings(style="terse")
 
 
 def test_system_prompt_lists_instructions_legend_and_actions():
