@@ -50,9 +50,9 @@ from flax import nnx
 
 from benchmarks import common
 from configs import sokoban
-from starpo_jax import losses, train
 from starpo_jax import rollout as rollout_lib
 from starpo_jax import step as step_lib
+from starpo_jax import train
 from starpo_jax.models import hf, transformer
 
 SUITES = ("env", "rollout", "update", "iteration")
@@ -212,10 +212,9 @@ class Pair:
     self.replies = replies
     self.config = workload(model, smoke, tok_dir, replies)
     self.setup = train.build(self.config)
-    state, self.policy_def, self.critic_def, self.tx, self.critic_tx = (
-      train.init_state(self.setup)
-    )
-    self.state = state
+    self.learner = train.make_learner(self.setup)
+    self.policy_def = self.learner.policy_def
+    state = self.state = train.init_state(self.setup, self.learner)
     self.model_cfg = self.setup.model_cfg
     model_dir = os.path.join(workdir, f"hf-{model}")
     hf.save(nnx.merge(self.policy_def, state.policy), model_dir)
@@ -377,7 +376,7 @@ def update_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
   setup, cfg, algo = pair.setup, pair.model_cfg, pair.setup.algo
   r = setup.rollout_cfg
   mb = r.batch // algo.minibatches
-  length, gen = r.max_context, r.max_turns * r.max_new_tokens
+  length, gen = r.max_context, r.max_generated
   rng = np.random.default_rng(0)
   vocab = setup.tokenizer.vocab_size
   tokens = rng.integers(0, vocab, (mb, length)).astype(np.int32)
@@ -394,30 +393,17 @@ def update_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
   old_logp = -rng.uniform(0.5, 3.0, (mb, gen)).astype(np.float32)
   adv = rng.normal(size=(mb, gen)).astype(np.float32)
   temperature = r.temperature
-  chunk = min(algo.logits_chunk, gen)
   allowed = setup.codec.allowed
 
   def loss_fn(params, batch):
-    model = nnx.merge(pair.policy_def, params)
-    logp, ent, _ = step_lib.sequence_logprobs(
-      model, batch["tokens"], batch["positions"], temperature, allowed, chunk
-    )
-    mask = jnp.ones_like(logp, bool)
-    pg, _ = losses.policy_loss(
-      logp,
-      batch["old_logp"],
-      batch["adv"],
-      mask,
-      clip_low=algo.clip_low,
-      clip_high=algo.clip_high,
-      dual_clip=algo.dual_clip,
-      aggregation=algo.loss_agg,
-    )
-    return pg - algo.entropy_coef * losses.aggregate(ent, mask, algo.loss_agg)
+    # The step's own objective, on a batch where every token trains.
+    return step_lib.policy_objective(
+      params, pair.policy_def, batch, algo, temperature, allowed
+    )[0]
 
   def update_fn(params, opt, batch):
     loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-    updates, opt = pair.tx.update(grads, opt, params)
+    updates, opt = pair.learner.policy_tx.update(grads, opt, params)
     return optax.apply_updates(params, updates), opt, loss
 
   # Outputs keep the inputs' shardings, so the next call does not recompile.
@@ -430,8 +416,17 @@ def update_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
     out_shardings=(*placed, None),
   )
 
-  batch = dict(tokens=tokens, positions=positions, old_logp=old_logp, adv=adv)
-  batch = jax.tree.map(jnp.asarray, batch)
+  zeros = np.zeros_like(old_logp)
+  batch = step_lib.Batch(
+    tokens=jnp.asarray(tokens),
+    positions=jnp.asarray(positions),
+    mask=jnp.ones(positions.shape, bool),
+    old_logp=jnp.asarray(old_logp),
+    ref_logp=jnp.asarray(zeros),
+    advantages=jnp.asarray(adv),
+    returns=jnp.asarray(zeros),
+    values=jnp.asarray(zeros),
+  )
   # Donated: each suite has a Pair of its own.
   carry = {"params": pair.state.policy, "opt": pair.state.policy_opt}
 
@@ -487,9 +482,7 @@ def update_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
 
 def iteration_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
   setup = pair.setup
-  step = train.compile_step(
-    setup, pair.state, pair.policy_def, pair.critic_def, pair.tx, pair.critic_tx
-  )
+  step = train.compile_step(setup, pair.state, pair.learner)
   holder = {"state": pair.state}
   tokens = []
 

@@ -10,14 +10,20 @@ types are rejected by name).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import ml_collections
 
+from starpo_jax.filtering import FilterConfig
+from starpo_jax.rollout import RolloutConfig
+from starpo_jax.sft import SftConfig
+from starpo_jax.step import AlgoConfig
+
 # --config=FILE:key=value,... keys and their defaults.
 ARG_DEFAULTS = {"model": "tiny", "ckpt": "", "algo": "starpo_s"}
 
-PRESETS = ("starpo", "starpo_s", "grpo", "dapo")
+PRESETS = ("starpo", "starpo_s", "starpo_s2", "grpo", "dapo")
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> dict[str, Any]:
@@ -40,6 +46,10 @@ def parse_arg(arg: str | None, **defaults: Any) -> dict[str, Any]:
       )
     out[key] = value
   return out
+
+
+def _section(cls) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dataclasses.asdict(cls()))
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -69,50 +79,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.head_dim = 32
   c.model.intermediate_size = 384
 
-  c.rollout = ml_collections.ConfigDict()
-  c.rollout.env_groups = 8
-  c.rollout.group_size = 16
-  c.rollout.max_turns = 5
-  c.rollout.max_actions_per_turn = 2
-  c.rollout.max_actions_per_traj = 10
-  c.rollout.max_new_tokens = 100
-  c.rollout.max_context = 2048
-  c.rollout.format_penalty = -0.1
-  c.rollout.enable_think = True
-  c.rollout.answer_vocab = False
-  c.rollout.temperature = 1.0
-  c.rollout.top_p = 1.0
-  c.rollout.top_k = 0
-
-  c.algo = ml_collections.ConfigDict()
-  c.algo.adv_estimator = "gae"
-  c.algo.gamma = 1.0
-  c.algo.lam = 1.0
-  c.algo.turn_gamma = 0.95
-  c.algo.norm_adv_by_std = True
-  c.algo.use_turn_scores = False
-  c.algo.clip_low = 0.2
-  c.algo.clip_high = 0.28
-  c.algo.dual_clip = 3.0
-  c.algo.entropy_coef = 0.001
-  c.algo.loss_agg = "token-mean"
-  c.algo.kl_coef = 0.0
-  c.algo.kl_estimator = "k3"
-  c.algo.kl_in_reward = False
-  c.algo.value_clip = 0.5
-  c.algo.epochs = 1
-  c.algo.minibatches = 4
-  c.algo.logits_chunk = 512
-
-  c.filter = ml_collections.ConfigDict()
-  c.filter.metric = "reward_std"
-  c.filter.strategy = "top_p"
-  c.filter.value = 1.0
-  c.filter.largest = True
-  c.filter.include_zero = True
-  c.filter.top_p_mode = "linear"
-  c.filter.selection_eps = 0.01
-  c.filter.loss_scaling = "none"
+  # The typed sections take their defaults from the dataclasses that
+  # read them: one place per default.
+  c.rollout = _section(RolloutConfig)
+  c.algo = _section(AlgoConfig)
+  c.filter = _section(FilterConfig)
+  c.sft = _section(SftConfig)
 
   c.optim = ml_collections.ConfigDict()
   c.optim.lr = 1e-6
@@ -127,12 +99,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.steps = 200
   c.train.log_every = 1
   c.train.eval_every = 10  # <= 0: no evaluation
-  c.train.eval_groups = 64  # held-out episodes per evaluation
+  # Held-out episodes per evaluation (RAGEN validates on 512); the 95%
+  # interval of a success rate near 50% is then about +-4 points.
+  c.train.eval_episodes = 512
   c.train.eval_temperatures = (0.5, 0.0)  # RAGEN's 0.5, and greedy
   c.train.checkpoint_every = 20
   c.train.keep_checkpoints = 3
   c.train.max_nonfinite_steps = 3
   c.train.transcripts = True
+  # Start from the policy of another run's latest checkpoint (its workdir),
+  # e.g. a warm start, instead of a fresh model; ignored when resuming.
+  c.train.init_from = ""
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 fills the rest
@@ -152,24 +129,31 @@ def apply_preset(c: ml_collections.ConfigDict, name: str) -> None:
   """The algorithm presets (RAGEN's StarPO / StarPO-S, GRPO, DAPO)."""
   if name not in PRESETS:
     raise ValueError(f"unknown algo preset {name!r}; known: {PRESETS}")
+  c.filter.strategy, c.filter.value = "top_p", 1.0  # keep every group
   if name == "starpo":
     # PPO with a critic, KL to the reference, symmetric clipping.
     c.algo.adv_estimator = "gae"
     c.algo.kl_coef = 0.001
     c.algo.clip_high = 0.2
-    c.filter.value = 1.0
-  elif name == "starpo_s":
-    # Variance filtering (keep the top quarter of groups), clip-higher, no
-    # KL: RAGEN's stabilised recipe.
+  elif name in ("starpo_s", "starpo_s2"):
+    # RAGEN's stabilised recipe: variance filtering, clip-higher, no KL.
     c.algo.adv_estimator = "gae"
     c.algo.kl_coef = 0.0
     c.algo.clip_high = 0.28
-    c.filter.value = 0.25
+    if name == "starpo_s":
+      # RAGEN (V1): the quarter of groups with the largest in-group reward
+      # standard deviation (2 of 8 groups).
+      c.filter.strategy, c.filter.value = "top_k", 0.25
+    else:
+      # RAGEN-2's recommendation: groups in order of reward spread until
+      # they hold 90% of the summed spread; groups with none never kept.
+      c.filter.strategy, c.filter.value = "top_p", 0.9
+      c.filter.top_p_mode = "linear"
+      c.filter.include_zero = False
   elif name == "grpo":
     c.algo.adv_estimator = "grpo"
     c.algo.kl_coef = 0.001
     c.algo.clip_high = 0.2
-    c.filter.value = 1.0
   else:
     # DAPO: clip-higher, no KL, token-mean, and dynamic sampling (groups
     # whose rewards are all equal carry no signal and are dropped).
@@ -177,7 +161,6 @@ def apply_preset(c: ml_collections.ConfigDict, name: str) -> None:
     c.algo.kl_coef = 0.0
     c.algo.clip_high = 0.28
     c.algo.loss_agg = "token-mean"
-    c.filter.value = 1.0
     c.filter.include_zero = False
 
 
@@ -191,6 +174,7 @@ def apply_model(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
     # CPU with a larger learning rate.
     c.rollout.enable_think = False
     c.rollout.answer_vocab = True
+    c.rollout.prompt = "compact"
     c.optim.lr = 1e-3
     c.optim.critic_lr = 1e-3
     c.optim.weight_decay = 0.0

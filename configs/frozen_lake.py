@@ -20,6 +20,6 @@ def get_config(arg=None):
   c.rollout.max_actions_per_traj = 10
   if args["model"] == "tiny":
     c.rollout.max_new_tokens = 8
-    c.rollout.max_context = 640
+    c.rollout.max_context = 192
     c.train.steps = 90
   return c

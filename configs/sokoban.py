@@ -27,6 +27,6 @@ def get_config(arg=None):
   if args["model"] == "tiny":
     # Replies are a few action tokens: short budgets keep a step fast.
     c.rollout.max_new_tokens = 8
-    c.rollout.max_context = 768
+    c.rollout.max_context = 320
     c.train.steps = 90
   return c

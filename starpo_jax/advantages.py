@@ -11,17 +11,13 @@ same level.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 import jax
 import jax.numpy as jnp
+from flax import struct
 
-ESTIMATORS = (
-  "gae",
-  "bi_level_gae",
-  "grpo",
-  "rloo",
-  "reinforce_plus_plus",
-  "reinforce_plus_plus_baseline",
-)
 NEEDS_CRITIC = ("gae", "bi_level_gae")
 EPS = 1e-6
 
@@ -225,3 +221,61 @@ def reinforce_plus_plus_baseline(
   g = _group(scores, groups)
   adv = (g - jnp.mean(g, axis=1, keepdims=True)).reshape(-1)[:, None] * mask
   return masked_whiten(adv, mask)
+
+
+@struct.dataclass
+class Inputs:
+  """What an estimator may read; ``[B, L]`` unless noted."""
+
+  rewards: jax.Array  # token rewards
+  values: jax.Array  # the critic's values (0 without a critic)
+  mask: jax.Array  # bool: tokens trained on
+  turn_end: jax.Array  # bool: the last trained token of each turn
+  scores: jax.Array  # [B] each episode's summed reward
+
+
+class Settings(Protocol):
+  """The estimator settings of ``step.AlgoConfig``."""
+
+  gamma: float
+  lam: float
+  turn_gamma: float
+  norm_adv_by_std: bool
+
+
+Estimator = Callable[
+  [Inputs, int, Settings], tuple[jax.Array, jax.Array | None]
+]
+
+# name -> (inputs, groups, settings) -> (advantages, returns or None).
+ESTIMATORS: dict[str, Estimator] = {
+  "gae": lambda x, g, s: gae(x.rewards, x.values, x.mask, s.gamma, s.lam),
+  "bi_level_gae": lambda x, g, s: bi_level_gae(
+    x.rewards, x.values, x.mask, x.turn_end, s.gamma, s.lam, s.turn_gamma
+  ),
+  "grpo": lambda x, g, s: (grpo(x.scores, x.mask, g, s.norm_adv_by_std), None),
+  "rloo": lambda x, g, s: (rloo(x.scores, x.mask, g), None),
+  "reinforce_plus_plus": lambda x, g, s: reinforce_plus_plus(
+    x.rewards, x.mask, s.gamma
+  ),
+  "reinforce_plus_plus_baseline": lambda x, g, s: (
+    reinforce_plus_plus_baseline(x.scores, x.mask, g),
+    None,
+  ),
+}
+
+
+def compute(
+  name: str, inputs: Inputs, groups: int, settings: Settings
+) -> tuple[jax.Array, jax.Array]:
+  """Advantages and returns ``[B, L]`` (returns are 0 for estimators that
+  have none): the one place an estimator is chosen by name."""
+  if name not in ESTIMATORS:
+    raise ValueError(
+      f"unknown advantage estimator {name!r}; expected one of "
+      f"{tuple(ESTIMATORS)}"
+    )
+  advantages, returns = ESTIMATORS[name](inputs, groups, settings)
+  if returns is None:
+    returns = jnp.zeros_like(advantages)
+  return advantages, returns

@@ -6,6 +6,8 @@ once complete), so a run killed mid-save resumes from the previous one.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Any
 
 import jax
@@ -15,37 +17,37 @@ from flax import nnx
 from starpo_jax.step import TrainState
 
 
+def _is_key(x: Any) -> bool:
+  return hasattr(x, "dtype") and jax.dtypes.issubdtype(
+    x.dtype, jax.dtypes.prng_key
+  )
+
+
 def _to_saveable(state: TrainState) -> dict[str, Any]:
-  pure = lambda s: None if s is None else nnx.to_pure_dict(s)
-  return {
-    "step": state.step,
-    "policy": pure(state.policy),
-    "policy_opt": state.policy_opt,
-    "critic": pure(state.critic),
-    "critic_opt": state.critic_opt,
-    "reference": pure(state.reference),
-    "key": jax.random.key_data(state.key),
-    "nonfinite": state.nonfinite,
-  }
+  """Every field of the state as plain arrays: model states as pure
+  dicts, PRNG keys as their data."""
+  out = {}
+  for field in dataclasses.fields(state):
+    value = getattr(state, field.name)
+    if isinstance(value, nnx.State):
+      value = nnx.to_pure_dict(value)
+    elif _is_key(value):
+      value = jax.random.key_data(value)
+    out[field.name] = value
+  return out
 
 
 def _from_saveable(saved: dict[str, Any], like: TrainState) -> TrainState:
-  def state_of(pure, template):
-    if template is None:
-      return None
-    nnx.replace_by_pure_dict(template, pure)
-    return template
-
-  return TrainState(
-    step=saved["step"],
-    policy=state_of(saved["policy"], like.policy),
-    policy_opt=saved["policy_opt"],
-    critic=state_of(saved["critic"], like.critic),
-    critic_opt=saved["critic_opt"],
-    reference=state_of(saved["reference"], like.reference),
-    key=jax.random.wrap_key_data(saved["key"]),
-    nonfinite=saved["nonfinite"],
-  )
+  values = {}
+  for field in dataclasses.fields(like):
+    template, value = getattr(like, field.name), saved[field.name]
+    if isinstance(template, nnx.State):
+      nnx.replace_by_pure_dict(template, value)
+      value = template
+    elif _is_key(template):
+      value = jax.random.wrap_key_data(value)
+    values[field.name] = value
+  return TrainState(**values)
 
 
 class Checkpointer:
@@ -72,3 +74,26 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.close()
+
+
+def load_policy(directory: str) -> tuple[int, dict[str, Any]]:
+  """The policy parameters (a pure dict) of the latest checkpoint in
+  ``directory`` (a run's workdir or its ``checkpoints`` folder), read
+  without touching it.
+
+  Raises:
+    FileNotFoundError: no checkpoint there.
+  """
+  for where in (os.path.join(directory, "checkpoints"), directory):
+    if not os.path.isdir(where):
+      continue
+    manager = ocp.CheckpointManager(
+      where, options=ocp.CheckpointManagerOptions(create=False)
+    )
+    step = manager.latest_step()
+    if step is not None:
+      saved = manager.restore(step, args=ocp.args.StandardRestore())
+      manager.close()
+      return step, saved["policy"]
+    manager.close()
+  raise FileNotFoundError(f"no checkpoint in {directory!r}")

@@ -95,8 +95,9 @@ def check(config, shape: tuple[int, ...], devices) -> dict:
   with config.unlocked():
     config.mesh.shape = shape
   setup = train.build(config, shapes_only=True, devices=devices)
-  state, pdef, cdef, ptx, ctx = train.abstract_state(setup)
-  step = train.compile_step(setup, state, pdef, cdef, ptx, ctx)
+  learner = train.make_learner(setup)
+  state = train.abstract_state(setup, learner)
+  step = train.compile_step(setup, state, learner)
   t0 = time.perf_counter()
   lowered = step.lower(state, setup.codec)
   compiled = lowered.compile()

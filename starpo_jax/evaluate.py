@@ -1,35 +1,63 @@
-"""Evaluation: success rates, pass@k and readable transcripts."""
+"""Held-out evaluation: success with a 95% interval, sampled and greedy,
+beside a random player on the same levels; readable transcripts.
+
+Validation plays levels no training step draws: training steps fold the
+step number into ``key(seed)``, evaluation uses a key split from it. The
+levels are the same at every evaluation of a run.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
+from envs import Env
+from starpo_jax import diagnostics, sharding
+from starpo_jax import rollout as rollout_lib
 from starpo_jax.models.tokenizer import Tokenizer
-from starpo_jax.rollout import Trajectory
 
 
-def summary(traj: Trajectory, group_size: int) -> dict[str, jax.Array]:
-  """On-device episode statistics of a rollout (scalars)."""
-  played = traj.turn_played
-  turns = jnp.maximum(jnp.sum(played), 1)
-  groups = traj.success.reshape(-1, group_size)
-  return {
-    "success": jnp.mean(traj.success),
-    f"pass@{group_size}": jnp.mean(jnp.any(groups, axis=1)),
-    "return": jnp.mean(traj.episode_return),
-    "num_actions": jnp.mean(traj.num_actions),
-    "num_turns": jnp.mean(jnp.sum(played, axis=1)),
-    "valid_action_rate": jnp.sum(traj.turn_valid) / turns,
-    "effective_action_rate": jnp.sum(traj.turn_effective) / turns,
-    "format_rate": jnp.sum(traj.turn_format_ok) / turns,
-    "response_length": jnp.sum(traj.response_lengths) / turns,
-    "truncated": jnp.mean(traj.truncated),
-    "context_truncated": jnp.mean(traj.context_truncated),
-  }
+def wilson_interval(successes: int, n: int, z: float = 1.96):
+  """The Wilson score interval of a success rate (95% by default)."""
+  if n == 0:
+    return 0.0, 1.0
+  p = successes / n
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def random_valid_success(
+  env: Env, states: Any, actions: int, key: jax.Array
+) -> jax.Array:
+  """Which episodes ``[B]`` a player solves that takes up to ``actions``
+  uniformly random actions among those valid in each state (never a
+  malformed or unavailable answer): the bar a policy that ignores the
+  board cannot pass. Jittable; ``states`` are batched."""
+  n = env.spec.num_actions
+  every = jnp.arange(n)
+
+  def one(state, k):
+    def body(carry, k):
+      s, done, success = carry
+      valid = jax.vmap(lambda a: env.step(s, a)[1].valid)(every)
+      a = jax.random.choice(k, every, p=valid / jnp.sum(valid))
+      new, ts = env.step(s, a)
+      s = jax.tree.map(lambda x, y: jnp.where(done, y, x), new, s)
+      return (s, done | ts.done, success | (~done & ts.success)), None
+
+    init = (state, jnp.zeros((), bool), jnp.zeros((), bool))
+    (_, _, success), _ = jax.lax.scan(body, init, jax.random.split(k, actions))
+    return success
+
+  b = jax.tree.leaves(states)[0].shape[0]
+  return jax.vmap(one)(states, jax.random.split(key, b))
 
 
 def transcript(traj: Any, tokenizer: Tokenizer, episode: int) -> str:
@@ -51,3 +79,89 @@ def transcript(traj: Any, tokenizer: Tokenizer, episode: int) -> str:
     f"[episode return {float(traj.episode_return[episode]):+.2f}, {status}]"
   )
   return "".join(out)
+
+
+def held_out_key(seed: int) -> jax.Array:
+  """The key of the evaluation levels (never a training step's key)."""
+  return jax.random.split(jax.random.key(seed))[1]
+
+
+class Evaluator:
+  """Jitted held-out rollouts for each evaluation environment and
+  temperature; ``evaluator(params) -> (metrics, transcripts)``.
+
+  Metrics are named ``{env}/{stat}`` at the first temperature and
+  ``{env}/{stat}@t{T}`` at the others; success comes with its 95% Wilson
+  interval (``success_lo``, ``success_hi``), and ``{env}/random_success``
+  is a random valid player on the same levels.
+  """
+
+  def __init__(
+    self,
+    *,
+    envs: dict[str, Env],
+    codecs: dict[str, Any],
+    rollout_cfg: rollout_lib.RolloutConfig,
+    policy_def: Any,
+    episodes: int,
+    temperatures: tuple[float, ...],
+    seed: int,
+    tokenizer: Tokenizer,
+    transcripts: bool,
+    mesh: Any = None,
+  ) -> None:
+    self.temperatures = tuple(float(t) for t in temperatures)
+    self.tokenizer, self.transcripts = tokenizer, transcripts
+    base = dataclasses.replace(rollout_cfg, env_groups=episodes, group_size=1)
+    everywhere = sharding.replicated(mesh)
+    self.runs = {}
+    for name, env in envs.items():
+      for t in self.temperatures:
+        cfg = dataclasses.replace(base, temperature=t)
+        # Replicated outputs: every host can read the summary and transcript.
+        self.runs[(name, t)] = jax.jit(
+          lambda params, codec, key, env=env, cfg=cfg: rollout_lib.rollout(
+            nnx.merge(policy_def, params), codec, env, cfg, key
+          ),
+          out_shardings=everywhere,
+        )
+    key = held_out_key(seed)
+    self.key = jax.random.wrap_key_data(
+      sharding.replicate(jax.random.key_data(key), mesh)
+    )
+    self.codecs = {n: sharding.replicate(c, mesh) for n, c in codecs.items()}
+    self.random = {}
+    for name, env in envs.items():
+      states = rollout_lib.reset(env, base, rollout_lib.reset_key(key))
+      wins = jax.jit(random_valid_success, static_argnums=(0, 2))(
+        env, states, base.max_actions_per_traj, jax.random.fold_in(key, 1)
+      )
+      self.random[name] = _rate(np.asarray(sharding.local_value(wins)))
+
+  def __call__(self, params: Any) -> tuple[dict[str, float], dict[str, str]]:
+    metrics, transcripts = {}, {}
+    for (name, t), run in self.runs.items():
+      traj = jax.tree.map(
+        sharding.local_value, run(params, self.codecs[name], self.key)
+      )
+      suffix = "" if t == self.temperatures[0] else f"@t{t:g}"
+      stats = {
+        k: float(v)
+        for k, v in diagnostics.summary(traj, 1).items()
+        if not k.startswith("pass@")
+      }
+      stats.update(_rate(np.asarray(traj.success)))
+      for k, v in stats.items():
+        metrics[f"{name}/{k}{suffix}"] = v
+      if self.transcripts:
+        transcripts[f"{name}_t{t:g}"] = transcript(traj, self.tokenizer, 0)
+    for name, stats in self.random.items():
+      for k, v in stats.items():
+        metrics[f"{name}/random_{k}"] = v
+    return metrics, transcripts
+
+
+def _rate(success: np.ndarray) -> dict[str, float]:
+  wins, n = int(np.sum(success)), int(success.size)
+  lo, hi = wilson_interval(wins, n)
+  return {"success": wins / max(n, 1), "success_lo": lo, "success_hi": hi}

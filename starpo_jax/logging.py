@@ -74,11 +74,17 @@ class Progress:
     if step > self.first_step:
       per = (time.perf_counter() - self.start) / (step - self.first_step)
       rate = f" {per:.1f} s/step"
-    line = (
-      f"step {step}/{self.total} [{bar}] "
-      f"reward {metrics.get('rollout/return', float('nan')):.2f} "
-      f"success {100 * metrics.get('rollout/success', 0.0):.0f}%{rate}"
-    )
+    if "sft/loss" in metrics:
+      what = (
+        f"warm start: imitation loss {metrics['sft/loss']:.3f} "
+        f"(token prob {metrics['sft/token_prob']:.2f})"
+      )
+    else:
+      what = (
+        f"reward {metrics.get('rollout/return', float('nan')):.2f} "
+        f"success {100 * metrics.get('rollout/success', 0.0):.0f}%"
+      )
+    line = f"step {step}/{self.total} [{bar}] {what}{rate}"
     if "eval/success" in metrics:
       line += f" | eval success {100 * metrics['eval/success']:.0f}%"
     end = "\r" if self.tty else "\n"

@@ -48,6 +48,7 @@ class RolloutConfig:
   format_penalty: float = -0.1
   enable_think: bool = True
   answer_vocab: bool = False
+  prompt: str = "ragen"  # or "compact" (text.PromptSettings)
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
@@ -68,10 +69,16 @@ class RolloutConfig:
           f"rollout: {name} must be a positive integer, got {value!r}"
         )
     self.sampling  # noqa: B018 (validates temperature, top_k, top_p)
+    self.prompt_settings()  # validates the prompt style
 
   @property
   def batch(self) -> int:
     return self.env_groups * self.group_size
+
+  @property
+  def max_generated(self) -> int:
+    """The most tokens an episode can generate."""
+    return self.max_turns * self.max_new_tokens
 
   @property
   def sampling(self) -> sampling.Sampling:
@@ -83,6 +90,7 @@ class RolloutConfig:
       max_actions_per_turn=self.max_actions_per_turn,
       response_hint=self.max_new_tokens,
       answer_vocab=self.answer_vocab,
+      style=self.prompt,
     )
 
 
@@ -174,6 +182,13 @@ def _set(buffer: jax.Array, pos: jax.Array, value: jax.Array, keep):
   rows = jnp.arange(buffer.shape[0])
   pos = jnp.clip(pos, 0, buffer.shape[1] - 1)
   return buffer.at[rows, pos].set(jnp.where(keep, value, buffer[rows, pos]))
+
+
+def context_needed(codec: Codec, cfg: RolloutConfig, turns: int) -> int:
+  """The longest context ``turns`` turns of ``cfg`` can fill: the system
+  prompt, then per turn its prompt chunk and reply."""
+  chunk = codec.turn_chunk_size(cfg.max_turns, cfg.max_actions_per_traj)
+  return len(codec.fragments.system) + turns * (chunk + cfg.max_new_tokens)
 
 
 def reset(env: Env, cfg: RolloutConfig, key: jax.Array):

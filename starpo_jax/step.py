@@ -1,19 +1,24 @@
-"""The one compiled training step: rollout -> rewards -> filter ->
-advantages -> epochs x minibatches of the clipped policy (and value)
-update -> (state, metrics).
+"""The one compiled training step, in named phases:
 
-  step = make_step(...)                    # static pieces closed over
+  collect -> score (rewards, values, reference) -> select (StarPO-S filter)
+  -> make_batch (advantages) -> update (epochs x minibatches) -> metrics
+
+  step = make_step(env=..., rollout_cfg=..., algo=..., filter_cfg=...,
+                   learner=...)        # static pieces closed over
   step = jax.jit(step, donate_argnums=0)
-  state, metrics = step(state, codec)      # codec: the text tables
+  state, metrics = step(state, codec)  # codec: the text tables
 
-Parameters live in the ``TrainState`` (an argument), never in the closure.
-The RNG of step ``n`` is ``fold_in(state.key, n)``, so a resumed run
-replays exactly the steps an uninterrupted one would.
+Each phase is a module-level function over typed structs, so tests call the
+same code the step runs. Parameters live in the ``TrainState`` (an
+argument), never in the closure. The RNG of step ``n`` is
+``fold_in(state.key, n)``, so a resumed run replays exactly the steps an
+uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -23,7 +28,7 @@ from flax import nnx, struct
 
 from envs import Env
 from starpo_jax import advantages as adv_lib
-from starpo_jax import evaluate, filtering, losses, sharding
+from starpo_jax import diagnostics, filtering, losses, sharding
 from starpo_jax.rollout import RolloutConfig, Trajectory, rollout
 from starpo_jax.text import Codec
 
@@ -52,21 +57,15 @@ class AlgoConfig:
   logits_chunk: int = 512  # sequence chunk for log-probabilities
 
   def __post_init__(self) -> None:
-    if self.adv_estimator not in adv_lib.ESTIMATORS:
-      raise ValueError(
-        f"algo: adv_estimator={self.adv_estimator!r}; expected one of "
-        f"{adv_lib.ESTIMATORS}"
-      )
-    if self.loss_agg not in losses.AGGREGATIONS:
-      raise ValueError(
-        f"algo: loss_agg={self.loss_agg!r}; expected one of "
-        f"{losses.AGGREGATIONS}"
-      )
-    if self.kl_estimator not in losses.KL_ESTIMATORS:
-      raise ValueError(
-        f"algo: kl_estimator={self.kl_estimator!r}; expected one of "
-        f"{losses.KL_ESTIMATORS}"
-      )
+    for name, known in (
+      ("adv_estimator", tuple(adv_lib.ESTIMATORS)),
+      ("loss_agg", losses.AGGREGATIONS),
+      ("kl_estimator", losses.KL_ESTIMATORS),
+    ):
+      if getattr(self, name) not in known:
+        raise ValueError(
+          f"algo: {name}={getattr(self, name)!r}; expected one of {known}"
+        )
     for name in ("epochs", "minibatches", "logits_chunk"):
       if getattr(self, name) < 1:
         raise ValueError(f"algo: {name} must be >= 1")
@@ -92,6 +91,74 @@ class TrainState:
   nonfinite: jax.Array  # [] int32 consecutive steps with a skipped update
 
 
+@dataclasses.dataclass(frozen=True)
+class Learner:
+  """The models' graph definitions and their optimizers (static)."""
+
+  policy_def: Any
+  policy_tx: optax.GradientTransformation
+  critic_def: Any = None  # None without a critic
+  critic_tx: optax.GradientTransformation | None = None
+
+
+@struct.dataclass
+class Scored:
+  """A rollout on its generated tokens, packed to the front: ``[B, G]``."""
+
+  positions: jax.Array  # [B, G] int32 where each token sits in the episode
+  mask: jax.Array  # [B, G] bool: a generated token
+  old_logp: jax.Array  # [B, G] sampling log-probabilities
+  entropy: jax.Array  # [B, G] entropy of each sampling distribution
+  rewards: jax.Array  # [B, G] token rewards (a KL penalty included)
+  turn_end: jax.Array  # [B, G] bool: a turn's last token
+  ref_logp: jax.Array  # [B, G] reference log-probabilities (0 without)
+  kl: jax.Array  # [B, G] KL(sampling policy || reference) estimate
+  values: jax.Array  # [B, G] the critic's values (0 without a critic)
+
+  @property
+  def scores(self) -> jax.Array:
+    """[B] each episode's summed reward."""
+    return jnp.sum(self.rewards, axis=1)
+
+  @property
+  def lengths(self) -> jax.Array:
+    """[B] generated tokens per episode."""
+    return jnp.sum(self.mask, axis=1)
+
+  @property
+  def episode_entropy(self) -> jax.Array:
+    """[B] mean sampling entropy per episode."""
+    m = self.mask.astype(jnp.float32)
+    return jnp.sum(self.entropy * m, 1) / jnp.maximum(jnp.sum(m, 1), 1)
+
+
+@struct.dataclass
+class Selection:
+  """Which rollout groups the update trains on (StarPO-S)."""
+
+  group_scores: jax.Array  # [groups] the filter metric
+  keep_group: jax.Array  # [groups] bool
+  keep: jax.Array  # [B] bool, per episode
+
+  @property
+  def kept_fraction(self) -> jax.Array:
+    return jnp.mean(self.keep_group.astype(jnp.float32))
+
+
+@struct.dataclass
+class Batch:
+  """What the update trains on; ``[B, G]`` unless noted."""
+
+  tokens: jax.Array  # [B, L] whole episodes
+  positions: jax.Array  # [B, G] where the generated tokens are
+  mask: jax.Array  # [B, G] bool: generated and kept by the filter
+  old_logp: jax.Array
+  ref_logp: jax.Array
+  advantages: jax.Array
+  returns: jax.Array  # the critic's targets (0 without a critic)
+  values: jax.Array  # the critic's values at rollout time
+
+
 def generated_positions(mask: jax.Array, size: int) -> jax.Array:
   """Positions of generated tokens, packed: ``[B, L]`` bool -> ``[B, G]``.
 
@@ -106,6 +173,24 @@ def generated_positions(mask: jax.Array, size: int) -> jax.Array:
   )
 
 
+def pack_generated(traj: Trajectory, size: int) -> tuple[jax.Array, jax.Array]:
+  """Where an episode's generated tokens are, packed to the front:
+  positions ``[B, size]`` int32 and which slots hold one, ``[B, size]``."""
+  positions = generated_positions(traj.loss_mask, size)
+  count = jnp.sum(traj.loss_mask, 1)[:, None]
+  return positions, jnp.arange(size) < count
+
+
+def _before_each(
+  model: Any, tokens: jax.Array, positions: jax.Array
+) -> jax.Array:
+  """Hidden states ``[B, G, D]`` that predict the tokens at ``positions``:
+  the token at position p is predicted from the hidden state at p - 1."""
+  h, _ = model.hidden(tokens)
+  before = jnp.maximum(positions - 1, 0)
+  return jnp.take_along_axis(h, before[..., None], axis=1)
+
+
 def sequence_logprobs(
   model: Any,
   tokens: jax.Array,
@@ -113,9 +198,8 @@ def sequence_logprobs(
   temperature: float,
   allowed: jax.Array | None,
   chunk: int,
-  with_values: bool = False,
-) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-  """Log-probabilities, entropies (and values) of the generated tokens.
+) -> tuple[jax.Array, jax.Array]:
+  """Log-probabilities and entropies of the generated tokens.
 
   The backbone runs over the whole sequence; logits are formed only for
   the generated tokens (``positions``), ``chunk`` at a time under
@@ -126,15 +210,12 @@ def sequence_logprobs(
     positions: ``[B, G]`` where the generated tokens are.
 
   Returns:
-    ``logp``, ``entropy`` and, for a critic, the value of the state before
-    each generated token, all ``[B, G]``.
+    ``logp`` and ``entropy``, ``[B, G]``.
   """
-  h, _ = model.hidden(tokens)
-  # The token at position p is predicted from the hidden state at p - 1.
-  before = jnp.maximum(positions - 1, 0)
-  h_prev = jnp.take_along_axis(h, before[..., None], axis=1)  # [B, G, D]
+  h_prev = _before_each(model, tokens, positions)
   targets = jnp.take_along_axis(tokens, positions, axis=1)
   b, g, d = h_prev.shape
+  chunk = min(chunk, g)
   pad = -g % chunk
   hp = jnp.pad(h_prev, ((0, 0), (0, pad), (0, 0)))
   tp = jnp.pad(targets, ((0, 0), (0, pad)))
@@ -148,8 +229,15 @@ def sequence_logprobs(
   tc = tp.reshape(b, n, chunk).swapaxes(0, 1)
   logp, ent = jax.lax.map(lambda xs: one(*xs), (hc, tc))
   unchunk = lambda x: x.swapaxes(0, 1).reshape(b, -1)[:, :g]
-  values = model.values(h_prev) if with_values else None
-  return unchunk(logp), unchunk(ent), values
+  return unchunk(logp), unchunk(ent)
+
+
+def sequence_values(
+  critic: Any, tokens: jax.Array, positions: jax.Array
+) -> jax.Array:
+  """The critic's value ``[B, G]`` of the state before each generated
+  token (``tokens [B, L]``, ``positions [B, G]``)."""
+  return critic.values(_before_each(critic, tokens, positions))
 
 
 def token_rewards(traj: Trajectory, use_turn_scores: bool) -> jax.Array:
@@ -165,7 +253,7 @@ def token_rewards(traj: Trajectory, use_turn_scores: bool) -> jax.Array:
   return out.at[rows, last].set(jnp.where(has, traj.episode_return, 0.0))
 
 
-def _turn_ends(traj: Trajectory) -> jax.Array:
+def turn_ends(traj: Trajectory) -> jax.Array:
   """[B, L] bool: the last generated token of each turn."""
   mask = traj.loss_mask
   nxt_mask = jnp.concatenate([mask[:, 1:], jnp.zeros_like(mask[:, :1])], 1)
@@ -175,16 +263,346 @@ def _turn_ends(traj: Trajectory) -> jax.Array:
   return mask & ~(nxt_mask & (nxt_turn == traj.turn_ids))
 
 
+# ---------------------------------------------------------------------------
+# Phase 1: collect
+
+
+def collect(
+  learner: Learner,
+  state: TrainState,
+  codec: Codec,
+  env: Env,
+  cfg: RolloutConfig,
+  key: jax.Array,
+  constrain: Callable[[Any], Any] = lambda tree: tree,
+) -> Trajectory:
+  """Plays ``cfg.batch`` episodes with the current policy (no gradient)."""
+  policy = nnx.merge(learner.policy_def, state.policy)
+  return jax.lax.stop_gradient(rollout(policy, codec, env, cfg, key, constrain))
+
+
+# ---------------------------------------------------------------------------
+# Phase 2: score
+
+
+def score(
+  learner: Learner,
+  state: TrainState,
+  traj: Trajectory,
+  codec: Codec,
+  cfg: RolloutConfig,
+  algo: AlgoConfig,
+) -> Scored:
+  """Token rewards, the reference's log-probabilities and the critic's
+  values on the generated tokens."""
+  positions, mask = pack_generated(traj, cfg.max_generated)
+  take = lambda x: jnp.take_along_axis(x, positions, axis=1)
+  old_logp = take(traj.logprobs)
+  rewards = take(token_rewards(traj, algo.use_turn_scores))
+  chunk = algo.logits_chunk
+  ref_logp = jnp.zeros_like(old_logp)
+  if algo.uses_reference:
+    reference = nnx.merge(learner.policy_def, state.reference)
+    ref_logp, _ = sequence_logprobs(
+      reference, traj.tokens, positions, cfg.temperature, codec.allowed, chunk
+    )
+    ref_logp = jax.lax.stop_gradient(ref_logp)
+  kl = losses.kl(old_logp, ref_logp, algo.kl_estimator) * mask
+  if algo.uses_reference and algo.kl_in_reward:
+    rewards = rewards - algo.kl_coef * kl
+  values = jnp.zeros_like(old_logp)
+  if algo.uses_critic:
+    critic = nnx.merge(learner.critic_def, state.critic)
+    values = sequence_values(critic, traj.tokens, positions)
+    values = jax.lax.stop_gradient(values) * mask
+  return Scored(
+    positions=positions,
+    mask=mask,
+    old_logp=old_logp,
+    entropy=take(traj.entropy),
+    rewards=rewards,
+    turn_end=take(turn_ends(traj)) & mask,
+    ref_logp=ref_logp,
+    kl=kl,
+    values=values,
+  )
+
+
+# ---------------------------------------------------------------------------
+# Phase 3: select
+
+
+def select(
+  scored: Scored, cfg: filtering.FilterConfig, groups: int
+) -> Selection:
+  """StarPO-S: whole groups kept or masked, never sliced."""
+  group_scores = filtering.group_scores(
+    cfg.metric, scored.scores, scored.lengths, scored.episode_entropy, groups
+  )
+  keep_group = filtering.keep_groups(group_scores, cfg)
+  keep = jnp.repeat(keep_group, scored.mask.shape[0] // groups)
+  return Selection(group_scores=group_scores, keep_group=keep_group, keep=keep)
+
+
+# ---------------------------------------------------------------------------
+# Phase 4: advantages
+
+
+def make_batch(
+  traj: Trajectory,
+  scored: Scored,
+  selection: Selection,
+  algo: AlgoConfig,
+  filter_cfg: filtering.FilterConfig,
+  groups: int,
+) -> Batch:
+  """Advantages over the kept episodes, and everything the update reads."""
+  train_mask = scored.mask & selection.keep[:, None]
+  advantages, returns = adv_lib.compute(
+    algo.adv_estimator,
+    adv_lib.Inputs(
+      rewards=scored.rewards,
+      values=scored.values,
+      mask=train_mask,
+      turn_end=scored.turn_end & train_mask,
+      scores=scored.scores,
+    ),
+    groups,
+    algo,
+  )
+  scale = filtering.loss_scale(selection.kept_fraction, filter_cfg)
+  return Batch(
+    tokens=traj.tokens,
+    positions=scored.positions,
+    mask=train_mask,
+    old_logp=scored.old_logp,
+    ref_logp=scored.ref_logp,
+    advantages=advantages * scale,
+    returns=returns,
+    values=scored.values,
+  )
+
+
+# ---------------------------------------------------------------------------
+# Phase 5: update
+
+
+def policy_objective(
+  params: Any,
+  policy_def: Any,
+  batch: Batch,
+  algo: AlgoConfig,
+  temperature: float,
+  allowed: jax.Array | None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Clipped policy loss - entropy bonus (+ KL to the reference)."""
+  model = nnx.merge(policy_def, params)
+  logp, ent = sequence_logprobs(
+    model,
+    batch.tokens,
+    batch.positions,
+    temperature,
+    allowed,
+    algo.logits_chunk,
+  )
+  m = batch.mask
+  pg, stats = losses.policy_loss(
+    logp,
+    batch.old_logp,
+    batch.advantages,
+    m,
+    clip_low=algo.clip_low,
+    clip_high=algo.clip_high,
+    dual_clip=algo.dual_clip,
+    aggregation=algo.loss_agg,
+  )
+  entropy = losses.aggregate(ent, m, algo.loss_agg)
+  loss = pg - algo.entropy_coef * entropy
+  kl_loss = jnp.zeros(())
+  if algo.uses_reference and not algo.kl_in_reward:
+    kl = losses.kl(logp, batch.ref_logp, algo.kl_estimator)
+    kl_loss = losses.aggregate(kl, m, algo.loss_agg)
+    loss = loss + algo.kl_coef * kl_loss
+  return loss, dict(stats, pg_loss=pg, entropy=entropy, kl_loss=kl_loss)
+
+
+def critic_objective(
+  params: Any, critic_def: Any, batch: Batch, algo: AlgoConfig
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The clipped value loss on the batch's returns."""
+  v = sequence_values(
+    nnx.merge(critic_def, params), batch.tokens, batch.positions
+  )
+  loss, clip_frac = losses.value_loss(
+    v,
+    batch.values,
+    batch.returns,
+    batch.mask,
+    clip=algo.value_clip,
+    aggregation=algo.loss_agg,
+  )
+  return loss, {"value_loss": loss, "value_clip_frac": clip_frac}
+
+
+def apply_gradients(
+  tx: optax.GradientTransformation,
+  objective: Callable[[Any], tuple[jax.Array, dict[str, jax.Array]]],
+  params: Any,
+  opt: Any,
+  live: jax.Array,
+) -> tuple[Any, Any, dict[str, jax.Array], jax.Array]:
+  """One optimizer step on ``objective(params)``.
+
+  A non-finite loss or gradient leaves parameters and optimizer state as
+  they were; with nothing to train on (``live`` false) no work is done.
+
+  Returns:
+    New parameters, optimizer state, statistics (``grad_norm`` added) and
+    whether the step was finite.
+  """
+
+  def step(params, opt):
+    (loss, stats), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(norm)
+    updates, new_opt = tx.update(grads, opt, params)
+    new_params = optax.apply_updates(params, updates)
+    pick = lambda a, b: jax.tree.map(lambda x, y: jnp.where(finite, x, y), a, b)
+    stats = dict(stats, grad_norm=norm)
+    return pick(new_params, params), pick(new_opt, opt), stats, finite
+
+  def skip(params, opt):
+    shapes = jax.eval_shape(step, params, opt)[2]
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+    return params, opt, zeros, jnp.ones((), bool)
+
+  return jax.lax.cond(live, step, skip, params, opt)
+
+
+def minibatches(
+  batch: Batch, keep: jax.Array, count: int, key: jax.Array
+) -> Batch:
+  """The batch shuffled and cut into ``[count, B / count, ...]``.
+
+  Kept episodes move to the front, so minibatches with nothing to train on
+  come last and are skipped (RAGEN slices the kept episodes instead).
+  """
+  b = keep.shape[0]
+  order = jax.random.permutation(key, b)
+  order = order[jnp.argsort(~keep[order], stable=True)]
+  return jax.tree.map(
+    lambda x: x[order].reshape(count, b // count, *x.shape[1:]), batch
+  )
+
+
+def update(
+  learner: Learner,
+  state: TrainState,
+  batch: Batch,
+  keep: jax.Array,
+  algo: AlgoConfig,
+  temperature: float,
+  allowed: jax.Array | None,
+  key: jax.Array,
+  constrain: Callable[[Any], Any] = lambda tree: tree,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """``algo.epochs`` x ``algo.minibatches`` clipped policy (and value)
+  updates.
+
+  Returns:
+    The state with new parameters and optimizer states, and per-minibatch
+    statistics ``[epochs, minibatches]`` (``live``: it had tokens to train
+    on; ``skipped``: its update was not finite).
+  """
+
+  def train_minibatch(carry, mb: Batch):
+    params, opt, c_params, c_opt = carry
+    mb = constrain(mb)
+    live = jnp.any(mb.mask)
+    params, opt, stats, finite = apply_gradients(
+      learner.policy_tx,
+      lambda p: policy_objective(
+        p, learner.policy_def, mb, algo, temperature, allowed
+      ),
+      params,
+      opt,
+      live,
+    )
+    if algo.uses_critic:
+      c_params, c_opt, c_stats, c_finite = apply_gradients(
+        learner.critic_tx,
+        lambda p: critic_objective(p, learner.critic_def, mb, algo),
+        c_params,
+        c_opt,
+        live,
+      )
+      stats.update(c_stats, critic_grad_norm=c_stats.pop("grad_norm"))
+      finite = finite & c_finite
+    stats.update(live=live, skipped=live & ~finite)
+    return (params, opt, c_params, c_opt), stats
+
+  def epoch(carry, k):
+    return jax.lax.scan(
+      train_minibatch, carry, minibatches(batch, keep, algo.minibatches, k)
+    )
+
+  carry = (state.policy, state.policy_opt, state.critic, state.critic_opt)
+  (params, opt, c_params, c_opt), stats = jax.lax.scan(
+    epoch, carry, jax.random.split(key, algo.epochs)
+  )
+  new_state = state.replace(
+    policy=params, policy_opt=opt, critic=c_params, critic_opt=c_opt
+  )
+  return new_state, stats
+
+
+# ---------------------------------------------------------------------------
+# The step
+
+
+@struct.dataclass
+class Prepared:
+  """Phases 1-4 of a step: what was played and what the update reads."""
+
+  traj: Trajectory
+  scored: Scored
+  selection: Selection
+  batch: Batch
+
+
+def prepare(
+  learner: Learner,
+  state: TrainState,
+  codec: Codec,
+  env: Env,
+  rollout_cfg: RolloutConfig,
+  algo: AlgoConfig,
+  filter_cfg: filtering.FilterConfig,
+  key: jax.Array,
+  constrain: Callable[[Any], Any] = lambda tree: tree,
+) -> Prepared:
+  """collect -> score -> select -> make_batch, with the rollout key."""
+  traj = collect(learner, state, codec, env, rollout_cfg, key, constrain)
+  scored = score(learner, state, traj, codec, rollout_cfg, algo)
+  groups = rollout_cfg.env_groups
+  selection = select(scored, filter_cfg, groups)
+  batch = make_batch(traj, scored, selection, algo, filter_cfg, groups)
+  return Prepared(traj, scored, selection, constrain(batch))
+
+
+def step_keys(state: TrainState) -> tuple[jax.Array, jax.Array]:
+  """The rollout key and the minibatch-shuffling key of ``state.step``."""
+  k_roll, k_perm = jax.random.split(jax.random.fold_in(state.key, state.step))
+  return k_roll, k_perm
+
+
 def make_step(
   *,
   env: Env,
   rollout_cfg: RolloutConfig,
   algo: AlgoConfig,
   filter_cfg: filtering.FilterConfig,
-  policy_def: Any,
-  critic_def: Any,
-  policy_tx: optax.GradientTransformation,
-  critic_tx: optax.GradientTransformation | None,
+  learner: Learner,
   mesh: Any = None,
 ):
   """Builds ``step(state, codec) -> (state, metrics)`` (jit it).
@@ -193,272 +611,51 @@ def make_step(
   axes (parameters follow the shardings the state arrives with).
   """
   b = rollout_cfg.batch
-  groups = rollout_cfg.env_groups
-  temperature = rollout_cfg.temperature
   if b % algo.minibatches:
     raise ValueError(
       f"algo: minibatches={algo.minibatches} must divide the "
       f"{b} episodes of a step"
     )
-  mb = b // algo.minibatches
   on_batch = sharding.batch_constraint(mesh, b)
-  on_minibatch = sharding.batch_constraint(mesh, mb)
-  # Most tokens an episode can generate.
-  gen = rollout_cfg.max_turns * rollout_cfg.max_new_tokens
+  on_minibatch = sharding.batch_constraint(mesh, b // algo.minibatches)
 
   def step(state: TrainState, codec: Codec):
-    key = jax.random.fold_in(state.key, state.step)
-    k_roll, k_perm = jax.random.split(key)
-    policy = nnx.merge(policy_def, state.policy)
-    traj = jax.lax.stop_gradient(
-      rollout(policy, codec, env, rollout_cfg, k_roll, on_batch)
+    k_roll, k_perm = step_keys(state)
+    p = prepare(
+      learner,
+      state,
+      codec,
+      env,
+      rollout_cfg,
+      algo,
+      filter_cfg,
+      k_roll,
+      on_batch,
     )
-    # Everything below lives on the generated tokens only: [B, G].
-    positions = generated_positions(traj.loss_mask, gen)
-    take = lambda x: jnp.take_along_axis(x, positions, axis=1)
-    mask = take(traj.loss_mask) & (
-      jnp.arange(gen) < jnp.sum(traj.loss_mask, 1)[:, None]
+    new_state, stats = update(
+      learner,
+      state,
+      p.batch,
+      p.selection.keep,
+      algo,
+      rollout_cfg.temperature,
+      codec.allowed,
+      k_perm,
+      on_minibatch,
     )
-    tokens = traj.tokens
-    old_logp = take(traj.logprobs)
-    allowed = codec.allowed
-    chunk = min(algo.logits_chunk, gen)
-    rewards = take(token_rewards(traj, algo.use_turn_scores))
-    turn_end = take(_turn_ends(traj)) & mask
-
-    ref_logp = jnp.zeros_like(old_logp)
-    if algo.uses_reference:
-      reference = nnx.merge(policy_def, state.reference)
-      ref_logp, _, _ = sequence_logprobs(
-        reference, tokens, positions, temperature, allowed, chunk
-      )
-      ref_logp = jax.lax.stop_gradient(ref_logp)
-    kl_reward = losses.kl(old_logp, ref_logp, algo.kl_estimator) * mask
-    if algo.uses_reference and algo.kl_in_reward:
-      rewards = rewards - algo.kl_coef * kl_reward
-    values = jnp.zeros_like(old_logp)
-    if algo.uses_critic:
-      critic = nnx.merge(critic_def, state.critic)
-      _, _, values = sequence_logprobs(
-        critic, tokens, positions, temperature, None, chunk, with_values=True
-      )
-      values = jax.lax.stop_gradient(values) * mask
-
-    # StarPO-S filtering: whole groups kept or masked.
-    scores = jnp.sum(rewards, axis=1)
-    entropy = take(traj.entropy)
-    ep_entropy = jnp.sum(entropy * mask, 1) / jnp.maximum(jnp.sum(mask, 1), 1)
-    group_score = filtering.group_scores(
-      filter_cfg.metric, scores, jnp.sum(mask, 1), ep_entropy, groups
-    )
-    keep_group = filtering.keep_groups(group_score, filter_cfg)
-    keep = jnp.repeat(keep_group, b // groups)
-    kept_fraction = jnp.mean(keep_group.astype(jnp.float32))
-    train_mask = mask & keep[:, None]
-
-    est = algo.adv_estimator
-    returns = jnp.zeros_like(old_logp)
-    if est == "gae":
-      advs, returns = adv_lib.gae(
-        rewards, values, train_mask, algo.gamma, algo.lam
-      )
-    elif est == "bi_level_gae":
-      advs, returns = adv_lib.bi_level_gae(
-        rewards,
-        values,
-        train_mask,
-        turn_end & train_mask,
-        algo.gamma,
-        algo.lam,
-        algo.turn_gamma,
-      )
-    elif est == "grpo":
-      advs = adv_lib.grpo(scores, train_mask, groups, algo.norm_adv_by_std)
-    elif est == "rloo":
-      advs = adv_lib.rloo(scores, train_mask, groups)
-    elif est == "reinforce_plus_plus":
-      advs, returns = adv_lib.reinforce_plus_plus(
-        rewards, train_mask, algo.gamma
-      )
-    else:
-      advs = adv_lib.reinforce_plus_plus_baseline(scores, train_mask, groups)
-    advs = advs * filtering.loss_scale(kept_fraction, filter_cfg)
-
-    batch = dict(
-      tokens=tokens,
-      positions=positions,
-      mask=train_mask,
-      old_logp=old_logp,
-      ref_logp=ref_logp,
-      adv=advs,
-      returns=returns,
-      values=values,
-    )
-
-    def policy_loss_fn(params, mb_batch):
-      model = nnx.merge(policy_def, params)
-      logp, ent, _ = sequence_logprobs(
-        model,
-        mb_batch["tokens"],
-        mb_batch["positions"],
-        temperature,
-        allowed,
-        chunk,
-      )
-      m = mb_batch["mask"]
-      pg, stats = losses.policy_loss(
-        logp,
-        mb_batch["old_logp"],
-        mb_batch["adv"],
-        m,
-        clip_low=algo.clip_low,
-        clip_high=algo.clip_high,
-        dual_clip=algo.dual_clip,
-        aggregation=algo.loss_agg,
-      )
-      entropy = losses.aggregate(ent, m, algo.loss_agg)
-      loss = pg - algo.entropy_coef * entropy
-      kl_loss = jnp.zeros(())
-      if algo.uses_reference and not algo.kl_in_reward:
-        kl_loss = losses.aggregate(
-          losses.kl(logp, mb_batch["ref_logp"], algo.kl_estimator),
-          m,
-          algo.loss_agg,
-        )
-        loss = loss + algo.kl_coef * kl_loss
-      stats.update(pg_loss=pg, entropy=entropy, kl_loss=kl_loss)
-      return loss, stats
-
-    def critic_loss_fn(params, mb_batch):
-      model = nnx.merge(critic_def, params)
-      _, _, v = sequence_logprobs(
-        model,
-        mb_batch["tokens"],
-        mb_batch["positions"],
-        temperature,
-        None,
-        chunk,
-        with_values=True,
-      )
-      loss, clip_frac = losses.value_loss(
-        v,
-        mb_batch["values"],
-        mb_batch["returns"],
-        mb_batch["mask"],
-        clip=algo.value_clip,
-        aggregation=algo.loss_agg,
-      )
-      return loss, {"value_loss": loss, "value_clip_frac": clip_frac}
-
-    def apply(tx, loss_fn, params, opt, mb_batch, live):
-      def update(params, opt):
-        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-          params, mb_batch
-        )
-        norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(norm)
-        updates, new_opt = tx.update(grads, opt, params)
-        new_params = optax.apply_updates(params, updates)
-        # A non-finite update leaves parameters and optimizer state alone.
-        pick = lambda a, b: jax.tree.map(
-          lambda x, y: jnp.where(finite, x, y), a, b
-        )
-        stats = dict(stats, grad_norm=norm)
-        return pick(new_params, params), pick(new_opt, opt), stats, finite
-
-      def skip(params, opt):
-        # Nothing to train on (every episode filtered out): no work at all.
-        shapes = jax.eval_shape(update, params, opt)[2]
-        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-        return params, opt, zeros, jnp.ones((), bool)
-
-      return jax.lax.cond(live, update, skip, params, opt)
-
-    def epoch(carry, k):
-      # Shuffle, then move kept episodes to the front so that empty
-      # minibatches come last (RAGEN slices the kept episodes instead).
-      order = jax.random.permutation(k, b)
-      order = order[jnp.argsort(~keep[order], stable=True)]
-      shuffled = on_batch(jax.tree.map(lambda x: x[order], batch))
-      minis = jax.tree.map(
-        lambda x: x.reshape(algo.minibatches, mb, *x.shape[1:]), shuffled
-      )
-
-      def minibatch(carry, mb_batch):
-        params, opt, c_params, c_opt = carry
-        mb_batch = on_minibatch(mb_batch)
-        live = jnp.any(mb_batch["mask"])
-        params, opt, stats, finite = apply(
-          policy_tx, policy_loss_fn, params, opt, mb_batch, live
-        )
-        if algo.uses_critic:
-          c_params, c_opt, c_stats, c_finite = apply(
-            critic_tx, critic_loss_fn, c_params, c_opt, mb_batch, live
-          )
-          c_stats["critic_grad_norm"] = c_stats.pop("grad_norm")
-          stats.update(c_stats)
-          finite = finite & c_finite
-        stats.update(live=live, skipped=live & ~finite)
-        return (params, opt, c_params, c_opt), stats
-
-      return jax.lax.scan(minibatch, carry, minis)
-
-    carry = (state.policy, state.policy_opt, state.critic, state.critic_opt)
-    (params, opt, c_params, c_opt), stats = jax.lax.scan(
-      epoch, carry, jax.random.split(k_perm, algo.epochs)
-    )
-    stats = jax.tree.map(lambda x: x.reshape(-1), stats)
-    live = stats.pop("live")
-    skipped = stats.pop("skipped")
-    ok = live & ~skipped
-    count = jnp.maximum(jnp.sum(ok), 1)
-    metrics = {
-      f"train/{k}": jnp.sum(jnp.where(ok, v, 0.0)) / count
-      for k, v in stats.items()
-    }
-    any_skipped = jnp.any(skipped)
-    metrics.update(
-      {
-        f"rollout/{k}": v
-        for k, v in evaluate.summary(traj, rollout_cfg.group_size).items()
-      }
-    )
-    in_group_std = filtering.group_scores(
-      "reward_std", scores, jnp.sum(mask, 1), ep_entropy, groups
-    )
-    metrics.update(
-      {
-        "rollout/in_group_reward_std": jnp.mean(in_group_std),
-        "rollout/in_group_reward_std_min": jnp.min(in_group_std),
-        "rollout/in_group_reward_std_max": jnp.max(in_group_std),
-        "rollout/entropy": jnp.sum(entropy * mask)
-        / jnp.maximum(jnp.sum(mask), 1),
-        "rollout/generated_tokens": jnp.sum(traj.response_lengths).astype(
-          jnp.float32
-        ),
-        "rollout/kl_to_reference": jnp.sum(kl_reward)
-        / jnp.maximum(jnp.sum(mask), 1),
-        "filter/kept_ratio": kept_fraction,
-        "train/updates": jnp.sum(ok).astype(jnp.float32),
-        "train/skipped_nonfinite": jnp.sum(skipped).astype(jnp.float32),
-      }
-    )
-    if algo.uses_critic:
-      m = train_mask.astype(jnp.float32)
-      resid = jnp.where(train_mask, returns - values, 0.0)
-      var = lambda x: adv_lib.masked_mean(
-        jnp.square(x - adv_lib.masked_mean(x, m)), m
-      )
-      metrics["train/explained_variance"] = 1.0 - var(resid) / jnp.maximum(
-        var(jnp.where(train_mask, returns, 0.0)), 1e-8
-      )
-    new_state = state.replace(
+    skipped = jnp.any(stats["skipped"])
+    new_state = new_state.replace(
       step=state.step + 1,
-      policy=params,
-      policy_opt=opt,
-      critic=c_params,
-      critic_opt=c_opt,
-      nonfinite=jnp.where(any_skipped, state.nonfinite + 1, 0),
+      nonfinite=jnp.where(skipped, state.nonfinite + 1, 0),
+    )
+    metrics = diagnostics.step_metrics(
+      p.traj,
+      p.scored,
+      p.selection,
+      p.batch,
+      stats,
+      rollout_cfg.group_size,
+      algo,
     )
     metrics["train/nonfinite_streak"] = new_state.nonfinite.astype(jnp.float32)
     return new_state, metrics

@@ -29,13 +29,14 @@ from starpo_jax import (
   evaluate,
   filtering,
   rollout,
+  sft,
   sharding,
   text,
 )
 from starpo_jax import logging as log_lib
 from starpo_jax.models import hf, transformer
 from starpo_jax.models import tokenizer as tokenizer_lib
-from starpo_jax.step import AlgoConfig, TrainState, make_step
+from starpo_jax.step import AlgoConfig, Learner, TrainState, make_step
 
 
 class ConfigError(ValueError):
@@ -57,6 +58,7 @@ class Setup:
   rollout_cfg: rollout.RolloutConfig
   algo: AlgoConfig
   filter_cfg: filtering.FilterConfig
+  sft_cfg: sft.SftConfig
   model_cfg: transformer.ModelConfig
   codec: text.Codec
   eval_codecs: dict[str, text.Codec]
@@ -64,10 +66,17 @@ class Setup:
 
 
 def _dataclass_from(cls, section: ml_collections.ConfigDict, name: str):
+  """``cls(**section)``; a key without a field, or a bad value, raises
+  ``ConfigError`` naming it."""
   fields = {f.name for f in dataclasses.fields(cls)}
   values = dict(section)
+  unknown = sorted(set(values) - fields)
+  if unknown:
+    raise ConfigError(
+      f"config.{name}: unknown settings {unknown}; known: {sorted(fields)}"
+    )
   try:
-    return cls(**{k: v for k, v in values.items() if k in fields})
+    return cls(**values)
   except (TypeError, ValueError) as e:
     raise ConfigError(f"config.{name}: {e}") from None
 
@@ -97,6 +106,7 @@ def build(
   rcfg = _dataclass_from(rollout.RolloutConfig, config.rollout, "rollout")
   algo = _dataclass_from(AlgoConfig, config.algo, "algo")
   filter_cfg = _dataclass_from(filtering.FilterConfig, config.filter, "filter")
+  sft_cfg = _dataclass_from(sft.SftConfig, config.sft, "sft")
   if rcfg.batch % algo.minibatches:
     raise ConfigError(
       f"config.algo.minibatches={algo.minibatches} must divide the "
@@ -163,24 +173,41 @@ def build(
     mesh = sharding.make_mesh(config.mesh.shape, devices)
   except ValueError as e:
     raise ConfigError(str(e)) from None
+  if sft_cfg.steps:
+    try:
+      sft.check(
+        env,
+        sft.episodes_config(rcfg, sft_cfg, codec),
+        sft.Replies.build(tok, env.spec.action_names),
+      )
+    except ValueError as e:
+      raise ConfigError(f"config.{e}") from None
   return Setup(
-    config,
-    env,
-    eval_envs,
-    tok,
-    rcfg,
-    algo,
-    filter_cfg,
-    model_cfg,
-    codec,
-    eval_codecs,
-    mesh,
+    config=config,
+    env=env,
+    eval_envs=eval_envs,
+    tokenizer=tok,
+    rollout_cfg=rcfg,
+    algo=algo,
+    filter_cfg=filter_cfg,
+    sft_cfg=sft_cfg,
+    model_cfg=model_cfg,
+    codec=codec,
+    eval_codecs=eval_codecs,
+    mesh=mesh,
   )
 
 
-def _optimizer(lr: float, o: ml_collections.ConfigDict):
+def optimizer(
+  lr: float, warmup_steps: int, o: ml_collections.ConfigDict
+) -> optax.GradientTransformation:
+  """Gradient clipping and AdamW with linear warmup. Always a schedule (a
+  constant one without warmup), so every optimizer built here has the same
+  state structure and the warm start can hand its state slot to RL."""
   schedule = (
-    optax.linear_schedule(0.0, lr, o.warmup_steps) if o.warmup_steps else lr
+    optax.linear_schedule(0.0, lr, warmup_steps)
+    if warmup_steps
+    else optax.constant_schedule(lr)
   )
   return optax.chain(
     optax.clip_by_global_norm(o.grad_clip),
@@ -188,17 +215,44 @@ def _optimizer(lr: float, o: ml_collections.ConfigDict):
   )
 
 
-def _parameters(setup: Setup, value_head: bool, seed: int):
-  """A model's graph definition and parameters, created already sharded
-  over ``setup.mesh`` (no full copy on one device)."""
-  m = setup.config.model
+def _abstract_model(setup: Setup, value_head: bool):
+  """A model's graph definition, abstract parameters and their shardings
+  over ``setup.mesh`` (nothing allocated)."""
   cfg = setup.model_cfg.replace(value_head=value_head)
   with nnx.use_eager_sharding(False):
-    abstract = nnx.eval_shape(lambda: transformer.Transformer(cfg, nnx.Rngs(0)))
-  graphdef, abstract_params = nnx.split(abstract)
+    model = nnx.eval_shape(lambda: transformer.Transformer(cfg, nnx.Rngs(0)))
+  graphdef, abstract = nnx.split(model)
   shardings = sharding.state_shardings(
-    abstract_params, setup.mesh, setup.config.logical_axis_rules
+    abstract, setup.mesh, setup.config.logical_axis_rules
   )
+  return graphdef, abstract, shardings
+
+
+def make_learner(setup: Setup) -> Learner:
+  """The policy's (and critic's) graph definitions and optimizers."""
+  o = setup.config.optim
+  critic_def = critic_tx = None
+  if setup.algo.uses_critic:
+    critic_def = _abstract_model(setup, True)[0]
+    critic_tx = optimizer(o.critic_lr, o.warmup_steps, o)
+  return Learner(
+    policy_def=_abstract_model(setup, False)[0],
+    policy_tx=optimizer(o.lr, o.warmup_steps, o),
+    critic_def=critic_def,
+    critic_tx=critic_tx,
+  )
+
+
+def sft_optimizer(setup: Setup) -> optax.GradientTransformation:
+  s = setup.sft_cfg
+  return optimizer(s.lr, s.warmup_steps, setup.config.optim)
+
+
+def _parameters(setup: Setup, value_head: bool, seed: int):
+  """A model's parameters, created (or loaded) already sharded over
+  ``setup.mesh`` (no full copy on one device)."""
+  m = setup.config.model
+  _, _, shardings = _abstract_model(setup, value_head)
   if m.ckpt:
     model = hf.load(
       m.ckpt,
@@ -207,12 +261,13 @@ def _parameters(setup: Setup, value_head: bool, seed: int):
       value_head=value_head,
       shardings=shardings,
     )
-    return graphdef, nnx.split(model)[1]
+    return nnx.split(model)[1]
+  cfg = setup.model_cfg.replace(value_head=value_head)
   create = jax.jit(
     lambda: nnx.split(transformer.create(cfg, seed=seed))[1],
     out_shardings=shardings,
   )
-  return graphdef, create()
+  return create()
 
 
 def _optimizer_shardings(tx, params, param_shardings, mesh):
@@ -229,7 +284,7 @@ def _optimizer_shardings(tx, params, param_shardings, mesh):
   return shapes, shardings
 
 
-def _optimizer_state(tx, params, mesh):
+def optimizer_state(tx, params, mesh):
   """``tx.init(params)``, committed to its shardings (so the state a step
   returns matches the one it was given, and nothing recompiles)."""
   _, shardings = _optimizer_shardings(
@@ -238,90 +293,70 @@ def _optimizer_state(tx, params, mesh):
   return jax.jit(tx.init, out_shardings=shardings)(params)
 
 
-def init_state(setup: Setup) -> tuple[TrainState, Any, Any, Any, Any]:
-  """A fresh train state, the graph definitions and the optimizers."""
-  o, seed = setup.config.optim, setup.config.seed
-  policy_def, policy_params = _parameters(setup, False, seed)
-  policy_tx = _optimizer(o.lr, o)
-  critic_def = critic_params = critic_tx = critic_opt = None
-  if setup.algo.uses_critic:
-    critic_def, critic_params = _parameters(setup, True, seed + 1)
-    critic_tx = _optimizer(o.critic_lr, o)
-    critic_opt = _optimizer_state(critic_tx, critic_params, setup.mesh)
-  reference = (
-    jax.tree.map(jnp.copy, policy_params) if setup.algo.uses_reference else None
-  )
+def init_state(setup: Setup, learner: Learner) -> TrainState:
+  """A fresh train state, parameters and optimizer moments sharded."""
+  seed = setup.config.seed
+  policy = _parameters(setup, False, seed)
+  critic = critic_opt = None
+  if learner.critic_def is not None:
+    critic = _parameters(setup, True, seed + 1)
+    critic_opt = optimizer_state(learner.critic_tx, critic, setup.mesh)
   # Scalars (step, key, counters) are replicated over the mesh; creating
   # them inside a jit works the same on one host and on many.
   step, key, nonfinite = jax.jit(
     lambda: (
       jnp.zeros((), jnp.int32),
-      jax.random.key(setup.config.seed),
+      jax.random.key(seed),
       jnp.zeros((), jnp.int32),
     ),
     out_shardings=sharding.replicated(setup.mesh),
   )()
-  state = TrainState(
+  return TrainState(
     step=step,
-    policy=policy_params,
-    policy_opt=_optimizer_state(policy_tx, policy_params, setup.mesh),
-    critic=critic_params,
+    policy=policy,
+    policy_opt=optimizer_state(learner.policy_tx, policy, setup.mesh),
+    critic=critic,
     critic_opt=critic_opt,
-    reference=reference,
+    reference=(
+      jax.tree.map(jnp.copy, policy) if setup.algo.uses_reference else None
+    ),
     key=key,
     nonfinite=nonfinite,
   )
-  return state, policy_def, critic_def, policy_tx, critic_tx
 
 
-def abstract_state(setup: Setup) -> tuple[TrainState, Any, Any, Any, Any]:
+def abstract_state(setup: Setup, learner: Learner) -> TrainState:
   """``init_state``'s result as ``jax.ShapeDtypeStruct`` with shardings,
   allocating nothing (for ahead-of-time compilation)."""
-  o, mesh = setup.config.optim, setup.mesh
+  mesh = setup.mesh
+  place = lambda shapes, shardings: jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+    shapes,
+    shardings,
+  )
+
+  def model_and_opt(value_head, tx):
+    _, abstract, shardings = _abstract_model(setup, value_head)
+    params = place(abstract, shardings)
+    return params, place(*_optimizer_shardings(tx, params, shardings, mesh))
+
+  policy, policy_opt = model_and_opt(False, learner.policy_tx)
+  critic = critic_opt = None
+  if learner.critic_def is not None:
+    critic, critic_opt = model_and_opt(True, learner.critic_tx)
   everywhere = sharding.replicated(mesh)
-  rules = setup.config.logical_axis_rules
-
-  def params(value_head):
-    cfg = setup.model_cfg.replace(value_head=value_head)
-    with nnx.use_eager_sharding(False):
-      model = nnx.eval_shape(lambda: transformer.Transformer(cfg, nnx.Rngs(0)))
-    graphdef, abstract = nnx.split(model)
-    shardings = sharding.state_shardings(abstract, mesh, rules)
-    structs = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      abstract,
-      shardings,
-    )
-    return graphdef, structs, shardings
-
-  def opt(tx, structs, shardings):
-    shapes, placed = _optimizer_shardings(tx, structs, shardings, mesh)
-    return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      shapes,
-      placed,
-    )
-
-  policy_def, policy, policy_sh = params(False)
-  policy_tx = _optimizer(o.lr, o)
-  critic_def = critic = critic_tx = critic_opt = None
-  if setup.algo.uses_critic:
-    critic_def, critic, critic_sh = params(True)
-    critic_tx = _optimizer(o.critic_lr, o)
-    critic_opt = opt(critic_tx, critic, critic_sh)
   scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=everywhere)
   key = jax.eval_shape(lambda: jax.random.key(0))
-  state = TrainState(
+  return TrainState(
     step=scalar,
     policy=policy,
-    policy_opt=opt(policy_tx, policy, policy_sh),
+    policy_opt=policy_opt,
     critic=critic,
     critic_opt=critic_opt,
     reference=policy if setup.algo.uses_reference else None,
     key=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=everywhere),
     nonfinite=scalar,
   )
-  return state, policy_def, critic_def, policy_tx, critic_tx
 
 
 def _check_workdir(workdir: str) -> None:
@@ -335,86 +370,186 @@ def _check_workdir(workdir: str) -> None:
     raise ConfigError(f"workdir {workdir!r} is not writable: {e}") from None
 
 
-def _evaluator(setup: Setup, policy_def: Any):
-  """Jitted held-out rollouts per evaluation env and temperature."""
-  c = setup.config
-  cfgs = {
-    t: dataclasses.replace(
-      setup.rollout_cfg,
-      env_groups=c.train.eval_groups,
-      group_size=1,
-      temperature=float(t),
-    )
-    for t in c.train.eval_temperatures
-  }
-  runs = {}
-  for name, env in setup.eval_envs.items():
-    for t, cfg in cfgs.items():
-      # Replicated outputs: every host can read the summary and transcript.
-      runs[(name, t)] = jax.jit(
-        lambda params, codec, key, env=env, cfg=cfg: rollout.rollout(
-          nnx.merge(policy_def, params), codec, env, cfg, key
-        ),
-        out_shardings=sharding.replicated(setup.mesh),
-      )
-  # Held-out seeds: training steps fold the step into key(seed); evaluation
-  # takes a key split from it instead.
-  key = sharding.replicate(
-    jax.random.key_data(jax.random.split(jax.random.key(c.seed))[1]),
-    setup.mesh,
+def make_evaluator(setup: Setup, learner: Learner) -> evaluate.Evaluator:
+  """Held-out evaluation as the config asks for it."""
+  t = setup.config.train
+  return evaluate.Evaluator(
+    envs=setup.eval_envs,
+    codecs=setup.eval_codecs,
+    rollout_cfg=setup.rollout_cfg,
+    policy_def=learner.policy_def,
+    episodes=t.eval_episodes,
+    temperatures=tuple(t.eval_temperatures),
+    seed=setup.config.seed,
+    tokenizer=setup.tokenizer,
+    transcripts=t.transcripts,
+    mesh=setup.mesh,
   )
-  key = jax.random.wrap_key_data(key)
-  codecs = {
-    name: sharding.replicate(codec, setup.mesh)
-    for name, codec in setup.eval_codecs.items()
-  }
-
-  def evaluate_all(params) -> tuple[dict[str, float], dict[str, str]]:
-    metrics, transcripts = {}, {}
-    for (name, t), run in runs.items():
-      traj = run(params, codecs[name], key)
-      traj = jax.tree.map(sharding.local_value, traj)
-      stats = evaluate.summary(traj, 1)
-      suffix = "" if t == c.train.eval_temperatures[0] else f"@t{t:g}"
-      for k, v in stats.items():
-        if not k.startswith("pass@"):
-          metrics[f"{name}/{k}{suffix}"] = float(v)
-      if c.train.transcripts:
-        transcripts[f"{name}_t{t:g}"] = evaluate.transcript(
-          traj, setup.tokenizer, 0
-        )
-    return metrics, transcripts
-
-  return evaluate_all
 
 
-def compile_step(setup, state, policy_def, critic_def, policy_tx, critic_tx):
-  """The jitted step, with explicit input and output shardings."""
+def _jit_step(fn, state: TrainState, mesh):
+  """``fn(state, codec) -> (state, metrics)`` jitted with the state donated
+  and explicit shardings (the state keeps its own, metrics replicated)."""
   state_sharding = jax.tree.map(lambda x: x.sharding, state)
-  everywhere = sharding.replicated(setup.mesh)
+  everywhere = sharding.replicated(mesh)
   return jax.jit(
-    make_step(
-      env=setup.env,
-      rollout_cfg=setup.rollout_cfg,
-      algo=setup.algo,
-      filter_cfg=setup.filter_cfg,
-      policy_def=policy_def,
-      critic_def=critic_def,
-      policy_tx=policy_tx,
-      critic_tx=critic_tx,
-      mesh=setup.mesh,
-    ),
+    fn,
     donate_argnums=0,
     in_shardings=(state_sharding, everywhere),
     out_shardings=(state_sharding, everywhere),
   )
 
 
+def compile_step(setup: Setup, state: TrainState, learner: Learner):
+  """The jitted RL step."""
+  step = make_step(
+    env=setup.env,
+    rollout_cfg=setup.rollout_cfg,
+    algo=setup.algo,
+    filter_cfg=setup.filter_cfg,
+    learner=learner,
+    mesh=setup.mesh,
+  )
+  return _jit_step(step, state, setup.mesh)
+
+
+def compile_sft_step(setup: Setup, state: TrainState, learner: Learner):
+  """The jitted supervised warm-start step."""
+  step = sft.make_sft_step(
+    env=setup.env,
+    rollout_cfg=setup.rollout_cfg,
+    sft_cfg=setup.sft_cfg,
+    policy_def=learner.policy_def,
+    tx=sft_optimizer(setup),
+    replies=sft.Replies.build(setup.tokenizer, setup.env.spec.action_names),
+    codec=setup.codec,
+    logits_chunk=setup.algo.logits_chunk,
+    mesh=setup.mesh,
+  )
+  return _jit_step(step, state, setup.mesh)
+
+
+class _Run:
+  """The loop's bookkeeping: when to evaluate and checkpoint, logging,
+  transcripts, and the stop on repeated non-finite steps."""
+
+  def __init__(self, setup: Setup, learner: Learner, workdir: str) -> None:
+    c = setup.config
+    self.setup, self.workdir = setup, workdir
+    self.primary = jax.process_index() == 0
+    self.sft_steps = setup.sft_cfg.steps
+    self.total = self.sft_steps + c.train.steps
+    self.ckpt = checkpoint.Checkpointer(
+      os.path.join(os.path.abspath(workdir), "checkpoints"),
+      c.train.keep_checkpoints,
+    )
+    self.writer = log_lib.MetricWriter(workdir, enabled=self.primary)
+    self.progress = log_lib.Progress(self.total, enabled=self.primary)
+    self.evaluator = make_evaluator(setup, learner) if self.every else None
+    self.evals: dict[int, float] = {}
+
+  @property
+  def every(self) -> int:
+    return self.setup.config.train.eval_every
+
+  def evaluating(self, step: int) -> bool:
+    boundary = step in (0, self.sft_steps, self.total)
+    return self.every > 0 and (step % self.every == 0 or boundary)
+
+  def checkpointing(self, step: int) -> bool:
+    every = self.setup.config.train.checkpoint_every
+    return step % every == 0 or step in (self.sft_steps, self.total)
+
+  def print(self, line: str) -> None:
+    if self.primary:
+      print(line, flush=True)
+
+  def evaluate(self, step: int, params: Any) -> dict[str, float]:
+    t0 = time.perf_counter()
+    metrics, transcripts = self.evaluator(params)
+    metrics["time/eval_s"] = time.perf_counter() - t0
+    self.evals[step] = metrics["eval/success"]
+    if self.primary and transcripts:
+      where = os.path.join(self.workdir, "transcripts")
+      os.makedirs(where, exist_ok=True)
+      for name, body in transcripts.items():
+        with open(os.path.join(where, f"step{step:06d}_{name}.txt"), "w") as f:
+          f.write(body)
+    return metrics
+
+  def describe(self, metrics: dict[str, float]) -> str:
+    temps = self.setup.config.train.eval_temperatures
+    out = []
+    for i, t in enumerate(temps):
+      at = "" if i == 0 else f"@t{t:g}"
+      get = lambda stat, at=at: 100 * metrics[f"eval/{stat}{at}"]
+      out.append(
+        f"{get('success'):.1f}% [{get('success_lo'):.1f}, "
+        f"{get('success_hi'):.1f}] at t={t:g}"
+      )
+    return (
+      "eval success "
+      + ", ".join(out)
+      + f"; random valid player {100 * metrics['eval/random_success']:.1f}%"
+    )
+
+  def check_finite(self, step: int, metrics: dict[str, float]) -> None:
+    streak = int(metrics["train/nonfinite_streak"])
+    if streak < self.setup.config.train.max_nonfinite_steps:
+      return
+    self.ckpt.wait()
+    good = self.ckpt.latest_step()
+    where = (
+      f"the last good checkpoint is step {good} in {self.workdir}"
+      if good is not None
+      else "no checkpoint had been saved yet"
+    )
+    raise NonFiniteError(
+      f"stopped at step {step}: {streak} consecutive steps with a "
+      f"non-finite loss (their updates were skipped); {where}"
+    )
+
+  def close(self) -> None:
+    self.ckpt.wait()
+    self.ckpt.close()
+    self.writer.close()
+    self.progress.close()
+
+
+def _restore(run: _Run, state: TrainState) -> TrainState:
+  """The workdir's latest checkpoint; else, with ``train.init_from``, a
+  fresh state whose policy (and reference) comes from that run."""
+  start = run.ckpt.latest_step()
+  source = run.setup.config.train.init_from
+  if start is None and source:
+    step, pure = checkpoint.load_policy(source)
+    policy = jax.tree.map(lambda x: x, state.policy)  # a new State
+    try:
+      nnx.replace_by_pure_dict(policy, pure)
+    except (KeyError, ValueError) as e:
+      raise ConfigError(
+        f"config.train.init_from={source!r}: its policy does not fit this "
+        f"model: {e}"
+      ) from None
+    place = lambda new, old: jax.device_put(new, old.sharding)
+    policy = jax.tree.map(place, policy, state.policy)
+    run.print(f"policy from step {step} of {source}")
+    reference = policy if state.reference is not None else None
+    return state.replace(policy=policy, reference=reference)
+  if start is None:
+    return state
+  state = run.ckpt.restore(start, state)
+  run.writer.truncate_after(start)
+  run.print(f"resumed from step {start} in {run.workdir}")
+  return state
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains for ``config.train.steps`` steps, resuming from ``workdir``.
+  """Runs ``config.sft.steps`` warm-start steps, then ``config.train.steps``
+  RL steps, resuming from ``workdir``.
 
   Returns:
-    The final summary: steps, last metrics, best evaluation success.
+    The final summary: steps, last metrics, held-out success by step.
 
   Raises:
     ConfigError: a bad setting or workdir, before anything compiles.
@@ -423,109 +558,70 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """
   setup = build(config)
   _check_workdir(workdir)
-  primary = jax.process_index() == 0
-  state, policy_def, critic_def, policy_tx, critic_tx = init_state(setup)
-  ckpt = checkpoint.Checkpointer(
-    os.path.join(os.path.abspath(workdir), "checkpoints"),
-    config.train.keep_checkpoints,
-  )
-  writer = log_lib.MetricWriter(workdir, enabled=primary)
-  start = ckpt.latest_step()
-  if start is not None:
-    state = ckpt.restore(start, state)
-    writer.truncate_after(start)
-    if primary:
-      print(f"resumed from step {start} in {workdir}", flush=True)
-  step_fn = compile_step(
-    setup, state, policy_def, critic_def, policy_tx, critic_tx
-  )
-  evaluate_all = _evaluator(setup, policy_def)
+  learner = make_learner(setup)
+  r = _Run(setup, learner, workdir)
+  state = _restore(r, init_state(setup, learner))
+  # Each phase compiles when it first runs (a resumed run may skip one).
+  compilers = {"sft": compile_sft_step, "rl": compile_step}
+  compiled = {}
   codec = sharding.replicate(setup.codec, setup.mesh)
-  total = config.train.steps
-  progress = log_lib.Progress(total, enabled=primary)
-  transcripts_dir = os.path.join(workdir, "transcripts")
   last: dict[str, float] = {}
-  best_eval = 0.0
   t_run = time.perf_counter()
   step = int(sharding.local_value(state.step))
-  if step == 0 and config.train.eval_every > 0:
-    # The untrained policy's held-out score: the baseline to beat.
-    t_eval = time.perf_counter()
-    first, _ = evaluate_all(state.policy)
-    first["time/eval_s"] = time.perf_counter() - t_eval
-    writer.write(0, first)
-    if primary:
-      print(
-        f"untrained: eval success {100 * first['eval/success']:.1f}%",
-        flush=True,
-      )
-  while step < total:
+  if step == 0 and r.evaluating(0):
+    first = r.evaluate(0, state.policy)
+    r.writer.write(0, first)
+    r.print(f"untrained: {r.describe(first)}")
+  while step < r.total:
     t0 = time.perf_counter()
-    state, metrics = step_fn(state, codec)
+    phase = "sft" if step < r.sft_steps else "rl"
+    if phase not in compiled:
+      compiled[phase] = compilers[phase](setup, state, learner)
+    state, metrics = compiled[phase](state, codec)
     step += 1
-    logging_now = step % config.train.log_every == 0 or step == total
-    every = config.train.eval_every
-    evaluating = every > 0 and (step % every == 0 or step == total)
-    if not (logging_now or evaluating):
+    if step == r.sft_steps:
+      # RL starts from the warm-started policy with fresh optimizer moments.
+      state = state.replace(
+        policy_opt=optimizer_state(learner.policy_tx, state.policy, setup.mesh)
+      )
+    evaluating = r.evaluating(step)
+    if not (evaluating or step % config.train.log_every == 0):
       continue
     metrics = {k: float(sharding.local_value(v)) for k, v in metrics.items()}
-    seconds = time.perf_counter() - t0
-    metrics["time/step_s"] = seconds
-    metrics["time/tokens_per_s"] = metrics["rollout/generated_tokens"] / seconds
+    metrics["time/step_s"] = time.perf_counter() - t0
+    if "rollout/generated_tokens" in metrics:
+      metrics["time/tokens_per_s"] = (
+        metrics["rollout/generated_tokens"] / metrics["time/step_s"]
+      )
     if evaluating:
-      t_eval = time.perf_counter()
-      eval_metrics, transcripts = evaluate_all(state.policy)
-      metrics.update(eval_metrics)
-      metrics["time/eval_s"] = time.perf_counter() - t_eval
-      best_eval = max(best_eval, metrics.get("eval/success", 0.0))
-      if primary and transcripts:
-        os.makedirs(transcripts_dir, exist_ok=True)
-        for name, body in transcripts.items():
-          path = os.path.join(transcripts_dir, f"step{step:06d}_{name}.txt")
-          with open(path, "w") as f:
-            f.write(body)
-    writer.write(step, metrics)
-    progress.update(step, metrics)
+      metrics.update(r.evaluate(step, state.policy))
+    r.writer.write(step, metrics)
+    r.progress.update(step, metrics)
+    if evaluating and step == r.sft_steps:
+      r.print(f"after {step} warm-start steps: {r.describe(metrics)}")
     last = metrics
-    if metrics["train/nonfinite_streak"] >= config.train.max_nonfinite_steps:
-      ckpt.wait()
-      good = ckpt.latest_step()
-      where = (
-        f"the last good checkpoint is step {good} in {workdir}"
-        if good is not None
-        else "no checkpoint had been saved yet"
-      )
-      raise NonFiniteError(
-        f"stopped at step {step}: {int(metrics['train/nonfinite_streak'])} "
-        "consecutive steps with a non-finite loss (their updates were "
-        f"skipped); {where}"
-      )
-    if step % config.train.checkpoint_every == 0 or step == total:
-      ckpt.save(step, state)
-  ckpt.wait()
-  ckpt.close()
-  writer.close()
-  progress.close()
+    r.check_finite(step, metrics)
+    if r.checkpointing(step):
+      r.ckpt.save(step, state)
+  r.close()
   summary = {
     "steps": step,
     "seconds": time.perf_counter() - t_run,
     "final": last,
-    "best_eval_success": best_eval,
+    "eval_success": r.evals,
   }
-  if primary:
-    print(
-      f"done: {step} steps in {summary['seconds']:.0f}s; "
-      f"final eval success {100 * last.get('eval/success', 0.0):.1f}%, "
-      f"best {100 * best_eval:.1f}%; metrics in {writer.path}",
-      flush=True,
+  if "eval/success" in last:
+    r.print(
+      f"done: {step} steps in {summary['seconds']:.0f}s; {r.describe(last)}"
     )
+  r.print(f"metrics in {r.writer.path}")
   return summary
 
 
 def final_params(workdir: str, config: ml_collections.ConfigDict) -> Any:
   """The policy parameters of the latest checkpoint (for tests and export)."""
   setup = build(config)
-  state, *_ = init_state(setup)
+  state = init_state(setup, make_learner(setup))
   ckpt = checkpoint.Checkpointer(
     os.path.join(os.path.abspath(workdir), "checkpoints"),
     config.train.keep_checkpoints,

@@ -70,6 +70,46 @@ def test_clipped_policy_loss_matches_numpy(mode):
   assert 0 < stats["clip_frac"] < 1
 
 
+def test_dual_clip_bounds_the_loss_of_negative_advantages():
+  # Ratios far above 1 + clip with negative advantages: the dual clip caps
+  # the loss at -advantage x dual_clip (and its gradient at zero).
+  ratio = np.asarray([[0.5, 1.0, 2.0, 3.5, 6.0, 40.0]], np.float32)
+  advs = np.asarray([[-1.0, -1.0, -2.0, -1.0, -0.5, 1.0]], np.float32)
+  logp = jnp.log(jnp.asarray(ratio))
+  old = jnp.zeros_like(logp)
+  mask = jnp.ones_like(logp, bool)
+  c = 3.0
+  per = np.maximum(-advs * ratio, -advs * np.clip(ratio, 0.8, 1.28))
+  per = np.where(advs < 0, np.minimum(per, -advs * c), per)
+  loss, stats = losses.policy_loss(
+    logp,
+    old,
+    jnp.asarray(advs),
+    mask,
+    clip_low=0.2,
+    clip_high=0.28,
+    dual_clip=c,
+    aggregation="token-mean",
+  )
+  np.testing.assert_allclose(loss, per.mean(), rtol=1e-5)
+  np.testing.assert_allclose(stats["dual_clip_frac"], 2 / 6)  # 3.5 and 6.0
+  grad = jax.grad(
+    lambda lp: losses.policy_loss(
+      lp,
+      old,
+      jnp.asarray(advs),
+      mask,
+      clip_low=0.2,
+      clip_high=0.28,
+      dual_clip=c,
+      aggregation="token-mean",
+    )[0]
+  )(logp)
+  # Capped by the dual clip (3.5, 6.0) or clipped (0.5 below 1 - 0.2, 40
+  # above 1 + 0.28 with a positive advantage): no gradient.
+  np.testing.assert_array_equal(np.asarray(grad)[0] != 0, [0, 1, 1, 0, 0, 0])
+
+
 def test_policy_loss_gradient_is_zero_off_the_mask():
   logp, old, advs, mask = batch(1)
   grad = jax.grad(

@@ -12,12 +12,12 @@ import pytest
 
 import envs
 from envs.sokoban import solve
+from reference import envs as ref_envs
 from starpo_jax import rollout, sampling, text
 from starpo_jax.models import transformer
-from tests import reference_envs as ref_envs
+from starpo_jax.sft import ScriptedPolicy
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import TRACES, counted
-from tests.scripted import ScriptedPolicy
 from tests.text_fixtures import TOKENIZERS
 
 CFG = rollout.RolloutConfig(

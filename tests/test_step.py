@@ -1,52 +1,309 @@
-"""The compiled training step: compiles once, trains, skips bad updates."""
+"""The compiled training step, phase by phase, on real rollouts of the
+default Sokoban path (tiny model, StarPO-S, GAE with a critic)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
-from configs import bandit
-from starpo_jax import losses, train
+from configs import bandit, sokoban
+from reference import advantages as ref
+from starpo_jax import advantages as adv_lib
+from starpo_jax import diagnostics, losses, train
 from starpo_jax import step as step_lib
 
 
-def small_config(**overrides):
-  c = bandit.get_config(None)
-  c.rollout.env_groups = 2
-  c.rollout.group_size = 4
-  c.algo.minibatches = 2
-  c.filter.value = 1.0  # keep every group, so every minibatch trains
-  c.train.eval_every = 0
+def configure(c, **overrides):
   for key, value in overrides.items():
     section, name = key.split(".")
     c[section][name] = value
   return c
 
 
+def sokoban_config(**overrides):
+  """Two groups of four short episodes; StarPO-S keeps one group."""
+  c = sokoban.get_config(None)
+  c.rollout.env_groups = 2
+  c.rollout.group_size = 4
+  c.rollout.max_turns = 3
+  c.rollout.max_actions_per_traj = 6
+  c.rollout.max_context = 192
+  c.algo.minibatches = 2
+  c.train.eval_every = 0
+  return configure(c, **overrides)
+
+
+@dataclasses.dataclass
+class Real:
+  """One real step taken phase by phase with the step's own functions."""
+
+  setup: Any
+  learner: step_lib.Learner
+  state: step_lib.TrainState  # before the update
+  prepared: step_lib.Prepared
+  updated: step_lib.TrainState
+  stats: dict[str, Any]
+
+  @property
+  def batch(self) -> step_lib.Batch:
+    return self.prepared.batch
+
+  def policy(self, params=None):
+    return nnx.merge(self.learner.policy_def, params or self.state.policy)
+
+  def objective(self, params, batch, algo=None):
+    s = self.setup
+    return step_lib.policy_objective(
+      params,
+      self.learner.policy_def,
+      batch,
+      algo or s.algo,
+      s.rollout_cfg.temperature,
+      s.codec.allowed,
+    )
+
+
+@pytest.fixture(scope="module")
+def real() -> Real:
+  setup = train.build(sokoban_config())
+  learner = train.make_learner(setup)
+  state = train.init_state(setup, learner)
+  # The value head starts at zero; give the critic opinions to check.
+  critic = nnx.to_pure_dict(state.critic)
+  rng = np.random.default_rng(0)
+  critic["value_w"] = jnp.asarray(rng.normal(0, 0.5, critic["value_w"].shape))
+  nnx.replace_by_pure_dict(state.critic, critic)
+  k_roll, k_perm = step_lib.step_keys(state)
+  prepared = jax.jit(
+    lambda state, codec, key: step_lib.prepare(
+      learner,
+      state,
+      codec,
+      setup.env,
+      setup.rollout_cfg,
+      setup.algo,
+      setup.filter_cfg,
+      key,
+    )
+  )(state, setup.codec, k_roll)
+  updated, stats = jax.jit(
+    lambda state, batch, keep, key: step_lib.update(
+      learner,
+      state,
+      batch,
+      keep,
+      setup.algo,
+      setup.rollout_cfg.temperature,
+      setup.codec.allowed,
+      key,
+    )
+  )(state, prepared.batch, prepared.selection.keep, k_perm)
+  return Real(setup, learner, state, prepared, updated, jax.device_get(stats))
+
+
+@jax.jit
+def _logprobs(model, tokens, positions, allowed):
+  return step_lib.sequence_logprobs(model, tokens, positions, 1.0, allowed, 64)
+
+
+def test_the_first_minibatch_reproduces_the_sampling_logprobs(real):
+  # Before any update the training forward must give back exactly what
+  # the rollout sampled: ratio 1, no KL, nothing clipped.
+  b, mask = real.batch, np.asarray(real.prepared.scored.mask)
+  logp, _ = _logprobs(
+    real.policy(), b.tokens, b.positions, real.setup.codec.allowed
+  )
+  assert mask.sum() > 20
+  np.testing.assert_allclose(
+    np.asarray(logp)[mask], np.asarray(b.old_logp)[mask], atol=3e-5
+  )
+  first = {k: v[0, 0] for k, v in real.stats.items()}
+  assert first["live"]
+  assert abs(first["approx_kl"]) < 1e-6
+  for name in ("clip_frac", "clip_frac_upper", "clip_frac_lower"):
+    assert first[name] == 0.0, name
+  assert first["dual_clip_frac"] == 0.0
+
+
+def _scramble(batch: step_lib.Batch, rows: np.ndarray, seed: int):
+  """The batch with every field of episodes ``rows`` replaced by noise."""
+  rng = np.random.default_rng(seed)
+  noisy = {}
+  for field in dataclasses.fields(batch):
+    x = np.array(getattr(batch, field.name))
+    if field.name == "mask":
+      noisy[field.name] = x
+      continue
+    if field.name == "tokens":
+      noise = rng.integers(0, 200, x.shape)
+    elif field.name == "positions":
+      noise = rng.integers(1, x.max() + 1, x.shape)
+    else:
+      noise = rng.normal(0, 5, x.shape)
+    x[rows] = noise[rows].astype(x.dtype)
+    noisy[field.name] = jnp.asarray(x)
+  return step_lib.Batch(**noisy)
+
+
+def test_filtered_out_groups_are_masked_and_give_no_gradient(real):
+  keep = np.asarray(real.prepared.selection.keep)
+  mask = np.asarray(real.batch.mask)
+  assert keep.sum() == 4  # StarPO-S keeps one group of the two
+  assert not mask[~keep].any()
+  assert mask[keep].any()
+  grad = jax.jit(jax.grad(lambda p, b: real.objective(p, b)[0]))
+  base = grad(real.state.policy, real.batch)
+  noisy = grad(real.state.policy, _scramble(real.batch, ~keep, 0))
+  same = jax.tree.map(
+    lambda a, b: np.allclose(a, b, rtol=0, atol=1e-7), base, noisy
+  )
+  assert all(jax.tree.leaves(same))
+  # The same noise on a kept episode does change the gradient.
+  kept = np.flatnonzero(keep)[:1]
+  changed = grad(real.state.policy, _scramble(real.batch, kept, 0))
+  moved = jax.tree.map(lambda a, b: not np.allclose(a, b), base, changed)
+  assert any(jax.tree.leaves(moved))
+
+
+def test_the_entropy_bonus_raises_entropy(real):
+  algo = dataclasses.replace(real.setup.algo, entropy_coef=1.0)
+  batch = real.batch.replace(advantages=jnp.zeros_like(real.batch.advantages))
+  entropy = jax.jit(lambda p: real.objective(p, batch, algo)[1]["entropy"])
+  grad = jax.jit(jax.grad(lambda p: real.objective(p, batch, algo)[0]))
+  before = float(entropy(real.state.policy))
+  stepped = jax.tree.map(
+    lambda p, g: p - 0.05 * g, real.state.policy, grad(real.state.policy)
+  )
+  assert float(entropy(stepped)) > before + 1e-4
+
+
+def test_gae_on_a_real_rollout_matches_numpy(real):
+  algo, b = real.setup.algo, real.batch
+  assert algo.adv_estimator == "gae" and algo.uses_critic
+  rewards = np.asarray(real.prepared.scored.rewards)
+  values, mask = np.asarray(b.values), np.asarray(b.mask)
+  assert np.abs(values[mask]).max() > 0  # the critic's own estimates
+  raw = ref.gae(rewards, values, mask, algo.gamma, algo.lam)
+  np.testing.assert_allclose(
+    b.returns, np.where(mask, raw + values, 0), atol=1e-5
+  )
+  np.testing.assert_allclose(b.advantages, ref.whiten(raw, mask), atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gae", "bi_level_gae"])
+def test_estimators_with_discounts_on_a_real_rollout_match_numpy(real, name):
+  s = real.prepared.scored
+  mask = np.asarray(real.batch.mask)
+  turn_end = np.asarray(s.turn_end) & mask
+  assert turn_end.sum() >= mask.any(axis=1).sum()  # a turn end per episode
+  settings = dataclasses.replace(
+    real.setup.algo, gamma=0.9, lam=0.8, turn_gamma=0.7
+  )
+  inputs = adv_lib.Inputs(
+    rewards=s.rewards,
+    values=real.batch.values,
+    mask=jnp.asarray(mask),
+    turn_end=jnp.asarray(turn_end),
+    scores=s.scores,
+  )
+  got, _ = adv_lib.compute(name, inputs, 2, settings)
+  args = (np.asarray(s.rewards), np.asarray(real.batch.values), mask)
+  if name == "gae":
+    raw = ref.gae(*args, 0.9, 0.8)
+  else:
+    raw = ref.bi_level_gae(*args, turn_end, 0.9, 0.8, 0.7)
+  np.testing.assert_allclose(got, ref.whiten(raw, mask), atol=1e-4)
+
+
+def test_value_loss_and_explained_variance_match_numpy(real):
+  b = real.batch
+  mask = np.asarray(b.mask)
+  ret, values = np.asarray(b.returns), np.asarray(b.values)
+  loss, stats = jax.jit(
+    lambda p: step_lib.critic_objective(
+      p, real.learner.critic_def, b, real.setup.algo
+    )
+  )(real.state.critic)
+  # At the rollout's own critic the new values are the old ones: no clip.
+  want = 0.5 * np.mean(np.square(values - ret)[mask])
+  np.testing.assert_allclose(loss, want, rtol=1e-5)
+  assert float(stats["value_clip_frac"]) == 0.0
+  # Untrained episodes often share one return; spread them to measure.
+  ret = ret + np.random.default_rng(1).normal(size=(ret.shape[0], 1))
+  got = diagnostics.explained_variance(
+    jnp.asarray(ret, jnp.float32), b.values, b.mask
+  )
+  np.testing.assert_allclose(
+    got, 1 - np.var((ret - values)[mask]) / np.var(ret[mask]), rtol=1e-4
+  )
+
+
+def test_the_update_steps_policy_and_critic_downhill(real):
+  # The kept group is the one minibatch that trained, so the batch's
+  # objectives are the minibatch's: a little of each update lowers them.
+  def toward(old, new, eps=0.01):
+    return jax.tree.map(lambda a, b: a + eps * (b - a), old, new)
+
+  objectives = (
+    (lambda p: real.objective(p, real.batch)[0], "policy"),
+    (
+      lambda p: step_lib.critic_objective(
+        p, real.learner.critic_def, real.batch, real.setup.algo
+      )[0],
+      "critic",
+    ),
+  )
+  for objective, name in objectives:
+    old, new = getattr(real.state, name), getattr(real.updated, name)
+    loss = jax.jit(objective)
+    assert float(loss(toward(old, new))) < float(loss(old)), name
+  assert np.isfinite(real.stats["critic_grad_norm"][0, 0])
+
+
 @functools.cache
-def _compiled(penalty: float):
-  setup = train.build(small_config(**{"rollout.format_penalty": penalty}))
-  state, pdef, cdef, ptx, ctx = train.init_state(setup)
-  return setup, train.compile_step(setup, state, pdef, cdef, ptx, ctx), pdef
+def _driver_step(name: str, penalty: float = -0.1):
+  c = (
+    sokoban_config()
+    if name == "sokoban"
+    else configure(
+      bandit.get_config(None),
+      **{
+        "rollout.env_groups": 2,
+        "rollout.group_size": 4,
+        "algo.minibatches": 2,
+        "filter.strategy": "top_p",
+        "filter.value": 1.0,
+        "train.eval_every": 0,
+        "rollout.format_penalty": penalty,
+      },
+    )
+  )
+  setup = train.build(c)
+  learner = train.make_learner(setup)
+  state = train.init_state(setup, learner)
+  return setup, learner, train.compile_step(setup, state, learner)
 
 
-def compiled(penalty: float):
+def compiled(name: str, penalty: float = -0.1):
   """The driver's own jitted step (explicit in and out shardings) and a
   fresh state: the step donates the one it is given."""
-  setup, step, pdef = _compiled(penalty)
-  return setup, train.init_state(setup)[0], step, pdef
+  setup, learner, step = _driver_step(name, penalty)
+  return setup, train.init_state(setup, learner), step
 
 
 def params_of(state):
   return jax.tree.map(np.asarray, nnx.to_pure_dict(state.policy))
 
 
-def test_step_compiles_once_and_moves_the_parameters():
-  setup, state, step, _ = compiled(-0.1)
+def test_the_default_step_compiles_once_and_trains_only_kept_groups():
+  setup, state, step = compiled("sokoban")
   before = params_of(state)
   state, metrics = step(state, setup.codec)
   state, metrics = step(state, setup.codec)
@@ -56,26 +313,31 @@ def test_step_compiles_once_and_moves_the_parameters():
   changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), before, after)
   assert any(jax.tree.leaves(changed))
   metrics = jax.device_get(metrics)
-  assert metrics["train/updates"] == 2  # two minibatches, both trained
+  # One group of four kept: one minibatch of the two has tokens to train.
+  assert metrics["filter/kept_ratio"] == 0.5
+  assert metrics["train/updates"] == 1
   for name in (
     "train/pg_loss",
     "train/entropy",
     "train/grad_norm",
+    "train/value_loss",
+    "train/critic_grad_norm",
+    "train/explained_variance",
     "rollout/success",
     "rollout/in_group_reward_std",
-    "filter/kept_ratio",
     "train/clip_frac_upper",
   ):
     assert np.isfinite(metrics[name]), name
+  assert "rollout/kl_to_reference" not in metrics  # no reference model
 
 
 def test_a_nonfinite_loss_skips_the_update_and_is_counted():
   # An infinite penalty makes the advantages NaN.
-  setup, state, step, _ = compiled(float("-inf"))
+  setup, state, step = compiled("bandit", float("-inf"))
   before = params_of(state)
   state, metrics = step(state, setup.codec)
-  chex_equal = jax.tree.map(np.array_equal, before, params_of(state))
-  assert all(jax.tree.leaves(chex_equal))
+  same = jax.tree.map(np.array_equal, before, params_of(state))
+  assert all(jax.tree.leaves(same))
   metrics = jax.device_get(metrics)
   assert metrics["train/skipped_nonfinite"] == 2
   assert metrics["train/nonfinite_streak"] == 1
@@ -83,20 +345,26 @@ def test_a_nonfinite_loss_skips_the_update_and_is_counted():
   assert jax.device_get(metrics)["train/nonfinite_streak"] == 2
 
 
-def test_gradients_flow_only_through_loss_masked_tokens():
-  setup, state, _, pdef = compiled(-0.1)
+def test_gradients_flow_only_through_loss_masked_tokens(real):
   rng = np.random.default_rng(0)
   b, length, g = 3, 48, 6
-  tokens = jnp.asarray(rng.integers(0, setup.tokenizer.vocab_size, (b, length)))
-  positions = jnp.asarray(np.sort(rng.choice(np.arange(1, length), (b, g)), 1))
+  allowed = real.setup.codec.allowed
+  tokens = rng.integers(0, 200, (b, length))
+  positions = np.stack(
+    [np.sort(rng.choice(np.arange(1, length), g, replace=False)) for _ in "abc"]
+  )
+  # Generated tokens are ones the policy may emit.
+  choices = rng.choice(np.flatnonzero(np.asarray(allowed)), positions.shape)
+  np.put_along_axis(tokens, positions, choices, 1)
+  tokens, positions = jnp.asarray(tokens), jnp.asarray(positions)
   mask = jnp.asarray(rng.random((b, g)) < 0.5)
   old, adv = (
     jnp.asarray(rng.normal(size=(b, g)), jnp.float32) for _ in range(2)
   )
 
   def loss(params, old, adv):
-    logp, _, _ = step_lib.sequence_logprobs(
-      nnx.merge(pdef, params), tokens, positions, 1.0, setup.codec.allowed, 4
+    logp, _ = step_lib.sequence_logprobs(
+      real.policy(params), tokens, positions, 1.0, allowed, 4
     )
     return losses.policy_loss(
       logp,
@@ -111,10 +379,10 @@ def test_gradients_flow_only_through_loss_masked_tokens():
 
   grad = jax.jit(jax.grad(loss))
   noise = jnp.asarray(rng.normal(size=(b, g)) * 5, jnp.float32)
-  base = grad(state.policy, old, adv)
+  base = grad(real.state.policy, old, adv)
   # Changing anything off the mask changes nothing...
   moved = grad(
-    state.policy, jnp.where(mask, old, noise), jnp.where(mask, adv, noise)
+    real.state.policy, jnp.where(mask, old, noise), jnp.where(mask, adv, noise)
   )
   assert all(
     jax.tree.leaves(
@@ -122,7 +390,7 @@ def test_gradients_flow_only_through_loss_masked_tokens():
     )
   )
   # ...while changing a masked token's advantage does.
-  moved = grad(state.policy, old, jnp.where(mask, adv + 1.0, adv))
+  moved = grad(real.state.policy, old, jnp.where(mask, adv + 1.0, adv))
   assert not all(jax.tree.leaves(jax.tree.map(np.allclose, base, moved)))
 
 

@@ -57,7 +57,7 @@ def test_loss_and_gradient_norm_agree_with_the_jax_step(pair):
 
   def jax_loss(params):
     model = nnx.merge(pair.policy_def, params)
-    logp, ent, _ = step_lib.sequence_logprobs(
+    logp, ent = step_lib.sequence_logprobs(
       model, jnp.asarray(tokens), jnp.asarray(positions), 1.0, allowed, 5
     )
     pg, _ = losses.policy_loss(

@@ -114,7 +114,8 @@ def test_repeated_nonfinite_steps_stop_the_run_keeping_the_checkpoint(tmp_path):
   # The checkpoint holds the untouched initial parameters.
   c.rollout.format_penalty = -0.1
   params = train.final_params(str(tmp_path), c)
-  state, *_ = train.init_state(train.build(c))
+  setup = train.build(c)
+  state = train.init_state(setup, train.make_learner(setup))
   initial = jax.tree.map(np.asarray, nnx.to_pure_dict(state.policy))
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, params, initial)))
 

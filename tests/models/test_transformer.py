@@ -238,10 +238,17 @@ def test_blocked_causal_attention_equals_full_attention(
   want = jax.nn.dot_product_attention(q, k, v, is_causal=True)
   got = transformer.causal_attention(q, k, v)
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
-  grad = lambda f: jax.grad(lambda q: jnp.sum(jnp.sin(f(q, k, v))))(q)
-  np.testing.assert_allclose(
-    grad(transformer.causal_attention),
-    grad(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
-    atol=1e-4,
-    rtol=1e-4,
+  # Gradients with respect to queries, keys and values alike.
+  grads = lambda f: jax.grad(
+    lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v))), argnums=(0, 1, 2)
+  )(q, k, v)
+  reference = grads(
+    lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)
   )
+  for name, got, want in zip(
+    "qkv", grads(transformer.causal_attention), reference, strict=True
+  ):
+    scale = float(jnp.max(jnp.abs(want)))
+    np.testing.assert_allclose(
+      got, want, atol=1e-4 * scale, rtol=1e-4, err_msg=f"d{name}"
+    )

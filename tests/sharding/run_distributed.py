@@ -35,7 +35,7 @@ def main() -> None:
   c.algo.minibatches = 1
   c.train.steps = 2
   c.train.eval_every = 2
-  c.train.eval_groups = 4
+  c.train.eval_episodes = 4
   c.train.checkpoint_every = 1
   summary = train.run(c, workdir)
   print(

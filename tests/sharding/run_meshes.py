@@ -40,8 +40,9 @@ def main() -> None:
   for shape in MESHES:
     setup = train.build(config())
     setup.mesh = sharding.make_mesh(shape, jax.devices()[: int(np.prod(shape))])
-    state, pdef, cdef, ptx, ctx = train.init_state(setup)
-    step = train.compile_step(setup, state, pdef, cdef, ptx, ctx)
+    learner = train.make_learner(setup)
+    state = train.init_state(setup, learner)
+    step = train.compile_step(setup, state, learner)
     state, metrics = step(state, setup.codec)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     shards = {

@@ -1,0 +1,60 @@
+"""The algorithm presets do what their names promise."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import common, sokoban
+from starpo_jax import filtering
+
+# In-group reward standard deviations of eight hand-made groups.
+SPREAD = [0.0, 0.5, 3.0, 0.0, 1.0, 2.0, 0.25, 0.0]
+EQUAL = [1.0] * 8
+NONE = [0.0] * 8
+
+
+def kept(preset: str, scores: list[float]) -> set[int]:
+  config = sokoban.get_config(f"algo={preset}")
+  cfg = filtering.FilterConfig(**config.filter)
+  keep = filtering.keep_groups(jnp.asarray(scores, jnp.float32), cfg)
+  return set(np.flatnonzero(np.asarray(keep)).tolist())
+
+
+@pytest.mark.parametrize(
+  "preset, scores, want",
+  [
+    # StarPO and GRPO train on every group.
+    ("starpo", SPREAD, set(range(8))),
+    ("starpo", NONE, set(range(8))),
+    ("grpo", SPREAD, set(range(8))),
+    # StarPO-S (RAGEN V1): the top quarter of groups by reward spread.
+    ("starpo_s", SPREAD, {2, 5}),
+    ("starpo_s", EQUAL, {0, 1}),
+    ("starpo_s", NONE, {0, 1}),
+    # RAGEN-2: largest spreads until 90% of the summed spread (6.75 here:
+    # 3 + 2 + 1 + 0.5 = 6.5 reaches 0.9 x 6.75), never a group with none.
+    ("starpo_s2", SPREAD, {1, 2, 4, 5}),
+    ("starpo_s2", EQUAL, set(range(8))),
+    ("starpo_s2", NONE, set()),
+    # DAPO's dynamic sampling: every group with any spread.
+    ("dapo", SPREAD, {1, 2, 4, 5, 6}),
+    ("dapo", NONE, set()),
+  ],
+)
+def test_presets_keep_the_groups_their_names_promise(preset, scores, want):
+  assert kept(preset, scores) == want
+
+
+def test_every_preset_is_pinned():
+  tested = {"starpo", "starpo_s", "starpo_s2", "grpo", "dapo"}
+  assert set(common.PRESETS) == tested
+
+
+def test_starpo_s_drops_the_kl_term_and_clips_higher():
+  c = sokoban.get_config("algo=starpo_s")
+  assert c.algo.kl_coef == 0.0
+  assert c.algo.clip_high > c.algo.clip_low
+  s = sokoban.get_config("algo=starpo")
+  assert s.algo.kl_coef > 0 and s.algo.clip_high == s.algo.clip_low

@@ -1,0 +1,205 @@
+"""The supervised warm start: expert episodes in the rollout's format, and
+the imitation step."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from configs import bandit, frozen_lake, sokoban
+from envs.sokoban import solve
+from reference import envs as ref
+from reference import text as ref_text
+from starpo_jax import checkpoint, rollout, sft, train
+from starpo_jax import logging as log_lib
+from tests.envs.conftest import index, to_numpy
+
+EPISODES = 24
+
+
+def small(config, **overrides):
+  config.sft.steps = 2
+  config.sft.episodes = EPISODES
+  config.train.eval_every = 0
+  for key, value in overrides.items():
+    section, name = key.split(".")
+    config[section][name] = value
+  return config
+
+
+@functools.cache
+def expert_run(name: str):
+  """Whole expert episodes (every turn) of one environment."""
+  module = {"sokoban": sokoban, "frozen_lake": frozen_lake}[name]
+  setup = train.build(small(module.get_config(None), **{"sft.max_turns": 5}))
+  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
+  replies = sft.Replies.build(setup.tokenizer, setup.env.spec.action_names)
+  key = jax.random.key(7)
+  traj = jax.jit(
+    lambda codec, key: sft.expert_trajectories(
+      setup.env, codec, replies, cfg, key
+    )
+  )(setup.codec, key)
+  states = rollout.reset(setup.env, cfg, rollout.reset_key(key))
+  return setup, cfg, to_numpy(traj), to_numpy(states)
+
+
+def replies_of(traj, tok, b):
+  tokens, mask, turns = traj.tokens[b], traj.loss_mask[b], traj.turn_ids[b]
+  return [
+    tok.decode(tokens[mask & (turns == k)]) for k in range(turns.max() + 1)
+  ]
+
+
+def peer_of(name, env, s):
+  cells = lambda m, cols: {divmod(int(i), cols) for i in np.flatnonzero(m)}
+  if name == "sokoban":
+    return ref.Sokoban(
+      walls=cells(s.walls, env.cols),
+      targets=cells(s.targets, env.cols),
+      boxes=cells(s.boxes, env.cols),
+      player=divmod(int(s.player), env.cols),
+      rows=env.rows,
+      cols=env.cols,
+      max_steps=env.max_steps,
+    )
+  return ref.FrozenLake(
+    holes=cells(s.holes, env.size),
+    start=divmod(int(s.start), env.size),
+    goal=divmod(int(s.goal), env.size),
+    size=env.size,
+    max_steps=env.max_steps,
+  )
+
+
+def shortest(name, env, s, peer):
+  if name == "sokoban":
+    return len(solve(s.walls, s.targets, s.boxes, int(s.player), env.cols))
+  # FrozenLake: breadth-first over cells, never through a hole.
+  frontier, seen, depth = {peer.start}, {peer.start}, 0
+  while peer.goal not in frontier:
+    nxt = set()
+    for r, c in frontier:
+      for dr, dc in ref.FROZEN_LAKE_MOVES.values():
+        top = env.size - 1
+        cell = (min(max(r + dr, 0), top), min(max(c + dc, 0), top))
+        if cell not in seen and cell not in peer.holes:
+          nxt.add(cell)
+    seen |= nxt
+    frontier, depth = nxt, depth + 1
+  return depth
+
+
+@pytest.mark.parametrize("name", ["sokoban", "frozen_lake"])
+def test_expert_replies_replay_to_success_in_the_reference_rules(name):
+  setup, cfg, traj, states = expert_run(name)
+  names = setup.env.spec.action_names
+  budget = cfg.max_actions_per_traj
+  for b in range(EPISODES):
+    s = index(states, b)
+    peer = peer_of(name, setup.env, s)
+    length = shortest(name, setup.env, s, peer)
+    replies = replies_of(traj, setup.tokenizer, b)
+    for reply in replies:
+      # Read back with RAGEN's grammar, independently of the jitted parser.
+      matched, actions = ref_text.parse(
+        ("<answer>" + reply).encode(),
+        think=False,
+        markers=(),
+        max_actions=cfg.max_actions_per_turn,
+        action_names=names,
+      )
+      assert matched and actions and min(actions) >= 0, reply
+      for a in actions:
+        peer.step(a)
+    solved = peer.solved() if name == "sokoban" else peer.player == peer.goal
+    assert solved == (length <= budget), b
+    assert bool(traj.success[b]) == solved
+    if solved:
+      assert int(traj.num_actions[b]) == length  # a shortest solution
+      assert len(replies) == -(-length // cfg.max_actions_per_turn)
+
+
+@functools.cache
+def sft_step():
+  setup = train.build(small(sokoban.get_config(None)))
+  learner = train.make_learner(setup)
+  state = train.init_state(setup, learner)
+  return setup, learner, train.compile_sft_step(setup, state, learner)
+
+
+def test_the_warm_start_step_compiles_once_and_imitates():
+  setup, learner, step = sft_step()
+  state = train.init_state(setup, learner)
+  losses = []
+  for _ in range(4):
+    state, metrics = step(state, setup.codec)
+    losses.append(float(metrics["sft/loss"]))
+  assert step._cache_size() == 1
+  assert int(state.step) == 4
+  # One turn of two actions solves the levels with the shortest solutions.
+  assert 0.05 < float(metrics["sft/expert_success"]) < 0.5
+  assert losses[-1] < losses[0] - 0.2
+
+
+def test_rl_starts_from_the_warm_start_with_fresh_optimizer_moments(tmp_path):
+  c = small(
+    frozen_lake.get_config(None),
+    **{
+      "rollout.env_groups": 2,
+      "rollout.group_size": 2,
+      "algo.minibatches": 1,
+      "train.steps": 1,
+    },
+  )
+  train.run(c, str(tmp_path))
+  records = log_lib.read_metrics(str(tmp_path))
+  assert ["sft/loss" in r for r in records] == [True, True, False]
+  assert "rollout/success" in records[-1]
+  # The boundary is checkpointed, with the optimizer's step count reset.
+  setup = train.build(c)
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "checkpoints"), 3)
+  assert 2 in ckpt.manager.all_steps()
+  restored = ckpt.restore(2, train.init_state(setup, train.make_learner(setup)))
+  ckpt.close()
+  counts = [
+    int(x)
+    for path, x in jax.tree_util.tree_leaves_with_path(restored.policy_opt)
+    if "count" in jax.tree_util.keystr(path)
+  ]
+  assert counts and not any(counts)
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (dict(name="bandit"), "planner"),
+    ({"rollout.enable_think": True}, "enable_think"),
+    ({"rollout.max_new_tokens": 3}, "max_new_tokens"),
+    ({"sft.max_turns": 0}, "max_turns"),
+  ],
+)
+def test_impossible_warm_starts_are_refused_before_compiling(change, message):
+  c = small(sokoban.get_config(None))
+  if "name" in change:
+    c = small(bandit.get_config(None))
+  else:
+    for key, value in change.items():
+      section, name = key.split(".")
+      c[section][name] = value
+  with pytest.raises(train.ConfigError, match=message):
+    train.build(c)
+
+
+def test_script_spells_a_plan_turn_by_turn():
+  setup, *_ = expert_run("sokoban")
+  replies = sft.Replies.build(setup.tokenizer, setup.env.spec.action_names)
+  plan = np.asarray([3, 0, 2, -1, -1, -1], np.int32)
+  script = np.asarray(replies.script(plan, 2, 3))
+  text = setup.tokenizer.decode(script[script > 0])
+  assert text == "Right || Up</answer>Left</answer>"
+  assert dataclasses.is_dataclass(replies)
