@@ -1,5 +1,5 @@
-"""Shortest plans inside ``jit``: breadth-first distances on an enumerated
-state space, then greedy descent.
+"""Plans inside ``jit``: shortest ones, by breadth-first distances on an
+enumerated state space then greedy descent; and random valid play.
 
 An environment whose states can be enumerated (FrozenLake's cells, one-box
 Sokoban's player x box cells) describes itself as a transition table; the
@@ -8,9 +8,15 @@ until nothing changes, which is breadth-first search run backwards, with
 static shapes. Following the smallest distance from the start spells out a
 shortest solution (ties go to the lowest action id). The plans are what a
 supervised warm start imitates.
+
+``random_valid_play`` works for any environment: actions drawn uniformly
+among those valid in each state (the bandit offers two of its forty arm
+names), until the episode ends.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -81,3 +87,31 @@ def shortest_plan(
 
   _, actions = jax.lax.scan(step, start, None, length=horizon)
   return Plan(actions=actions, length=jnp.where(d[start] < n, d[start], -1))
+
+
+def random_valid_play(
+  env: Any, state: Any, horizon: int, key: jax.Array
+) -> tuple[Plan, jax.Array]:
+  """Up to ``horizon`` uniformly random valid actions from ``state``.
+
+  Returns:
+    The actions taken (``-1`` once the episode is over; ``length`` counts
+    them) and whether the episode ended in success.
+  """
+  every = jnp.arange(env.spec.num_actions)
+
+  def body(carry, k):
+    s, done, success = carry
+    valid = jax.vmap(lambda a: env.step(s, a)[1].valid)(every)
+    a = jax.random.choice(k, every, p=valid / jnp.sum(valid))
+    new, ts = env.step(s, a)
+    s = jax.tree.map(lambda x, y: jnp.where(done, y, x), new, s)
+    taken = jnp.where(done, -1, a).astype(jnp.int32)
+    return (s, done | ts.done, success | (~done & ts.success)), taken
+
+  init = (state, jnp.zeros((), bool), jnp.zeros((), bool))
+  (_, _, success), actions = jax.lax.scan(
+    body, init, jax.random.split(key, horizon)
+  )
+  length = jnp.sum(actions >= 0, dtype=jnp.int32)
+  return Plan(actions=actions, length=length), success

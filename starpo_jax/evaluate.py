@@ -13,11 +13,10 @@ import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from envs import Env
+from envs import Env, planning
 from starpo_jax import diagnostics, sharding
 from starpo_jax import rollout as rollout_lib
 from starpo_jax.models.tokenizer import Tokenizer
@@ -40,24 +39,9 @@ def random_valid_success(
   uniformly random actions among those valid in each state (never a
   malformed or unavailable answer): the bar a policy that ignores the
   board cannot pass. Jittable; ``states`` are batched."""
-  n = env.spec.num_actions
-  every = jnp.arange(n)
-
-  def one(state, k):
-    def body(carry, k):
-      s, done, success = carry
-      valid = jax.vmap(lambda a: env.step(s, a)[1].valid)(every)
-      a = jax.random.choice(k, every, p=valid / jnp.sum(valid))
-      new, ts = env.step(s, a)
-      s = jax.tree.map(lambda x, y: jnp.where(done, y, x), new, s)
-      return (s, done | ts.done, success | (~done & ts.success)), None
-
-    init = (state, jnp.zeros((), bool), jnp.zeros((), bool))
-    (_, _, success), _ = jax.lax.scan(body, init, jax.random.split(k, actions))
-    return success
-
   b = jax.tree.leaves(states)[0].shape[0]
-  return jax.vmap(one)(states, jax.random.split(key, b))
+  play = lambda s, k: planning.random_valid_play(env, s, actions, k)[1]
+  return jax.vmap(play)(states, jax.random.split(key, b))
 
 
 def transcript(traj: Any, tokenizer: Tokenizer, episode: int) -> str:

@@ -3,7 +3,8 @@ format, before reinforcement learning.
 
 Each SFT step draws new training levels exactly as a rollout does, asks the
 environment's breadth-first planner (``env.plan``) for a shortest solution
-of each, and lets a scripted policy spell it out as replies
+of each (or, ``expert="random_valid"``, draws random valid actions), and
+lets a scripted policy spell it out as replies
 (``max_actions_per_turn`` actions a turn, ``" || "`` between them, closed by
 ``</answer>``) while the real rollout plays them. The tokens are therefore
 exactly those an RL rollout would hold for those replies, prompts and
@@ -25,7 +26,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from envs import Env
+from envs import Env, planning
 from starpo_jax import rollout as rollout_lib
 from starpo_jax import sharding
 from starpo_jax.models.tokenizer import Tokenizer
@@ -37,6 +38,8 @@ from starpo_jax.step import (
   sequence_logprobs,
 )
 from starpo_jax.text import ANSWER_CLOSE, Codec, pack
+
+EXPERTS = ("planner", "random_valid")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +60,11 @@ class SftConfig:
   max_turns: int = 1
   lr: float = 1e-3
   warmup_steps: int = 0
+  # "planner": shortest solutions (env.plan). "random_valid": uniformly
+  # random valid actions, which teach the answer format and what is valid
+  # in a state (the bandit's two offered arm names) but nothing of what is
+  # good, leaving that to RL.
+  expert: str = "planner"
 
   def __post_init__(self) -> None:
     for name in ("steps", "warmup_steps"):
@@ -65,6 +73,10 @@ class SftConfig:
     for name in ("episodes", "max_turns"):
       if getattr(self, name) < 1:
         raise ValueError(f"sft: {name} must be >= 1")
+    if self.expert not in EXPERTS:
+      raise ValueError(
+        f"sft: expert={self.expert!r}; expected one of {EXPERTS}"
+      )
     if self.lr <= 0:
       raise ValueError(f"sft: lr={self.lr} must be positive")
 
@@ -195,11 +207,12 @@ def episodes_config(
   )
 
 
-def check(env: Env, cfg: RolloutConfig, replies: Replies) -> None:
+def check(env: Env, cfg: RolloutConfig, replies: Replies, expert: str) -> None:
   """Raises ``ValueError`` naming what stops the warm start from working."""
-  if not hasattr(env, "plan"):
+  if expert == "planner" and not hasattr(env, "plan"):
     raise ValueError(
-      f"sft: environment {env.spec.name!r} has no planner (env.plan) to imitate"
+      f"sft: environment {env.spec.name!r} has no planner (env.plan) to "
+      "imitate; sft.expert='random_valid' imitates valid play"
     )
   if cfg.enable_think:
     raise ValueError(
@@ -221,10 +234,19 @@ def expert_trajectories(
   cfg: RolloutConfig,
   key: jax.Array,
   constrain=lambda tree: tree,
+  expert: str = "planner",
 ) -> Trajectory:
-  """Plays ``cfg.batch`` new levels with their shortest solutions."""
+  """Plays ``cfg.batch`` new levels with the expert's actions: their
+  shortest solutions, or random valid ones."""
   states = rollout_lib.reset(env, cfg, rollout_lib.reset_key(key))
-  plans = jax.vmap(lambda s: env.plan(s, cfg.max_actions_per_traj))(states)
+  horizon = cfg.max_actions_per_traj
+  if expert == "planner":
+    plans = jax.vmap(lambda s: env.plan(s, horizon))(states)
+  else:
+    keys = jax.random.split(jax.random.fold_in(key, 1), cfg.batch)
+    plans = jax.vmap(
+      lambda s, k: planning.random_valid_play(env, s, horizon, k)[0]
+    )(states, keys)
   scripts = jax.vmap(
     lambda a: replies.script(a, cfg.max_actions_per_turn, cfg.max_turns)
   )(plans.actions)
@@ -273,12 +295,14 @@ def make_sft_step(
       takes the codec as an argument like the RL step.
   """
   cfg = episodes_config(rollout_cfg, sft_cfg, codec)
-  check(env, cfg, replies)
+  check(env, cfg, replies, sft_cfg.expert)
   on_batch = sharding.batch_constraint(mesh, cfg.batch)
 
   def step(state: TrainState, codec: Codec):
     key = jax.random.fold_in(state.key, state.step)
-    traj = expert_trajectories(env, codec, replies, cfg, key, on_batch)
+    traj = expert_trajectories(
+      env, codec, replies, cfg, key, on_batch, sft_cfg.expert
+    )
     params, opt, stats, finite = apply_gradients(
       tx,
       lambda p: imitation_loss(

@@ -19,3 +19,11 @@ def test_a_board_without_holes_is_solved_by_a_long_random_walk():
   # p=1: every tile frozen, so a random walk reaches the goal eventually.
   env = envs.make("frozen_lake", success_rate=1.0, p=1.0, max_steps=400)
   assert random_baseline.success_rate(env, 128, 400) > 0.95
+
+
+def test_the_random_player_only_picks_available_actions():
+  # The bandit offers two of its 40 arm names: a random valid pull takes
+  # the risky one half the time (a draw over all 40 names would rarely
+  # pull an offered arm at all).
+  rate = random_baseline.success_rate(envs.make("bandit"), 2048, 1)
+  assert 0.45 < rate < 0.55

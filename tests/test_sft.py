@@ -14,8 +14,7 @@ from configs import bandit, frozen_lake, sokoban
 from envs.sokoban import solve
 from reference import envs as ref
 from reference import text as ref_text
-from starpo_jax import checkpoint, rollout, sft, train
-from starpo_jax import logging as log_lib
+from starpo_jax import rollout, sft, train
 from tests.envs.conftest import index, to_numpy
 
 EPISODES = 24
@@ -146,38 +145,11 @@ def test_the_warm_start_step_compiles_once_and_imitates():
   assert losses[-1] < losses[0] - 0.2
 
 
-def test_rl_starts_from_the_warm_start_with_fresh_optimizer_moments(tmp_path):
-  c = small(
-    frozen_lake.get_config(None),
-    **{
-      "rollout.env_groups": 2,
-      "rollout.group_size": 2,
-      "algo.minibatches": 1,
-      "train.steps": 1,
-    },
-  )
-  train.run(c, str(tmp_path))
-  records = log_lib.read_metrics(str(tmp_path))
-  assert ["sft/loss" in r for r in records] == [True, True, False]
-  assert "rollout/success" in records[-1]
-  # The boundary is checkpointed, with the optimizer's step count reset.
-  setup = train.build(c)
-  ckpt = checkpoint.Checkpointer(str(tmp_path / "checkpoints"), 3)
-  assert 2 in ckpt.manager.all_steps()
-  restored = ckpt.restore(2, train.init_state(setup, train.make_learner(setup)))
-  ckpt.close()
-  counts = [
-    int(x)
-    for path, x in jax.tree_util.tree_leaves_with_path(restored.policy_opt)
-    if "count" in jax.tree_util.keystr(path)
-  ]
-  assert counts and not any(counts)
-
-
 @pytest.mark.parametrize(
   "change, message",
   [
     (dict(name="bandit"), "planner"),
+    ({"sft.expert": "oracle"}, "expert"),
     ({"rollout.enable_think": True}, "enable_think"),
     ({"rollout.max_new_tokens": 3}, "max_new_tokens"),
     ({"sft.max_turns": 0}, "max_turns"),
@@ -186,7 +158,7 @@ def test_rl_starts_from_the_warm_start_with_fresh_optimizer_moments(tmp_path):
 def test_impossible_warm_starts_are_refused_before_compiling(change, message):
   c = small(sokoban.get_config(None))
   if "name" in change:
-    c = small(bandit.get_config(None))
+    c = small(bandit.get_config(None), **{"sft.expert": "planner"})
   else:
     for key, value in change.items():
       section, name = key.split(".")
@@ -203,3 +175,20 @@ def test_script_spells_a_plan_turn_by_turn():
   text = setup.tokenizer.decode(script[script > 0])
   assert text == "Right || Up</answer>Left</answer>"
   assert dataclasses.is_dataclass(replies)
+
+
+def test_random_valid_demonstrations_name_only_offered_arms():
+  c = small(bandit.get_config(None), **{"sft.expert": "random_valid"})
+  c.sft.episodes = 128
+  setup = train.build(c)
+  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
+  replies = sft.Replies.build(setup.tokenizer, setup.env.spec.action_names)
+  traj = jax.jit(
+    lambda codec, key: sft.expert_trajectories(
+      setup.env, codec, replies, cfg, key, expert="random_valid"
+    )
+  )(setup.codec, jax.random.key(3))
+  # Two of forty names are offered: every pull names one of them, the
+  # risky one about half the time.
+  assert np.asarray(traj.turn_valid)[:, 0].all()
+  assert 0.35 < float(np.mean(traj.success)) < 0.65
