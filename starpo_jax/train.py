@@ -179,6 +179,7 @@ def build(
         env,
         sft.episodes_config(rcfg, sft_cfg, codec),
         sft.Replies.build(tok, env.spec.action_names),
+        sft_cfg.expert,
       )
     except ValueError as e:
       raise ConfigError(f"config.{e}") from None
@@ -516,26 +517,43 @@ class _Run:
     self.progress.close()
 
 
+def policy_from(state: TrainState, source: str) -> TrainState:
+  """``state`` with the policy (and reference) of the latest checkpoint of
+  the run in ``source``, placed with ``state``'s shardings.
+
+  Raises:
+    ConfigError: no checkpoint there, or a policy of another shape.
+  """
+  try:
+    step, pure = checkpoint.load_policy(source)
+  except FileNotFoundError as e:
+    raise ConfigError(f"config.train.init_from: {e}") from None
+  template = nnx.to_pure_dict(state.policy)
+  shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)
+  if shapes(pure) != shapes(template):
+    raise ConfigError(
+      f"config.train.init_from={source!r}: the policy at step {step} does "
+      "not fit this model (parameter names or shapes differ)"
+    )
+  policy = jax.tree.map(
+    lambda new, old: jax.device_put(new, old.sharding),
+    pure,
+    nnx.to_pure_dict(state.policy),
+  )
+  new = jax.tree.map(lambda x: x, state.policy)
+  nnx.replace_by_pure_dict(new, policy)
+  reference = new if state.reference is not None else None
+  return state.replace(policy=new, reference=reference)
+
+
 def _restore(run: _Run, state: TrainState) -> TrainState:
   """The workdir's latest checkpoint; else, with ``train.init_from``, a
-  fresh state whose policy (and reference) comes from that run."""
+  fresh state whose policy comes from that run."""
   start = run.ckpt.latest_step()
   source = run.setup.config.train.init_from
   if start is None and source:
-    step, pure = checkpoint.load_policy(source)
-    policy = jax.tree.map(lambda x: x, state.policy)  # a new State
-    try:
-      nnx.replace_by_pure_dict(policy, pure)
-    except (KeyError, ValueError) as e:
-      raise ConfigError(
-        f"config.train.init_from={source!r}: its policy does not fit this "
-        f"model: {e}"
-      ) from None
-    place = lambda new, old: jax.device_put(new, old.sharding)
-    policy = jax.tree.map(place, policy, state.policy)
-    run.print(f"policy from step {step} of {source}")
-    reference = policy if state.reference is not None else None
-    return state.replace(policy=policy, reference=reference)
+    run.print(f"starting from the policy of {source}")
+    return policy_from(state, source)
   if start is None:
     return state
   state = run.ckpt.restore(start, state)
@@ -556,6 +574,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     NonFiniteError: too many consecutive non-finite steps (the last good
       checkpoint is kept).
   """
+  t_run = time.perf_counter()
   setup = build(config)
   _check_workdir(workdir)
   learner = make_learner(setup)
@@ -566,12 +585,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   compiled = {}
   codec = sharding.replicate(setup.codec, setup.mesh)
   last: dict[str, float] = {}
-  t_run = time.perf_counter()
   step = int(sharding.local_value(state.step))
   if step == 0 and r.evaluating(0):
     first = r.evaluate(0, state.policy)
+    first["time/elapsed_s"] = time.perf_counter() - t_run
     r.writer.write(0, first)
-    r.print(f"untrained: {r.describe(first)}")
+    start = "starting policy" if config.train.init_from else "untrained"
+    r.print(f"{start}: {r.describe(first)}")
   while step < r.total:
     t0 = time.perf_counter()
     phase = "sft" if step < r.sft_steps else "rl"
@@ -595,6 +615,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       )
     if evaluating:
       metrics.update(r.evaluate(step, state.policy))
+    # Wall time since this process started the run, compiles included.
+    metrics["time/elapsed_s"] = time.perf_counter() - t_run
     r.writer.write(step, metrics)
     r.progress.update(step, metrics)
     if evaluating and step == r.sft_steps:

@@ -33,6 +33,7 @@ def main() -> None:
   c.rollout.env_groups = 4
   c.rollout.group_size = 2
   c.algo.minibatches = 1
+  c.sft.steps = 0
   c.train.steps = 2
   c.train.eval_every = 2
   c.train.eval_episodes = 4
