@@ -2,6 +2,10 @@
 
   python -m benchmarks.plot_curves runs/sokoban runs/frozen_lake \\
     --out docs/learning_curves.png
+
+Held-out success is drawn with its 95% interval (shaded) and the random
+valid player on the same levels (dashed); a dotted vertical line marks
+where a warm start ended and RL began.
 """
 
 from __future__ import annotations
@@ -17,11 +21,16 @@ import matplotlib.pyplot as plt
 from starpo_jax import logging as log_lib
 
 PANELS = (
-  ("rollout/success", "training success"),
   ("eval/success", "held-out success (t=0.5)"),
-  ("rollout/return", "training return"),
-  ("rollout/valid_action_rate", "valid action rate"),
+  ("eval/success@t0", "held-out success (greedy)"),
+  ("rollout/success", "training success"),
+  ("rollout/valid_action_rate", "valid action rate (training)"),
 )
+
+
+def _series(records, key):
+  points = [(r["step"], r[key]) for r in records if key in r]
+  return tuple(zip(*points, strict=True)) if points else ((), ())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,26 +38,44 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("workdirs", nargs="+")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
-  fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.2))
+  fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.4))
   for workdir in args.workdirs:
     records = log_lib.read_metrics(workdir)
     label = os.path.basename(os.path.normpath(workdir))
+    warm = max((r["step"] for r in records if "sft/loss" in r), default=0)
     for ax, (key, title) in zip(axes, PANELS, strict=True):
-      points = [(r["step"], r[key]) for r in records if key in r]
-      if points:
-        xs, ys = zip(*points, strict=True)
-        ax.plot(
-          xs,
-          ys,
-          label=label,
-          marker="o" if key.startswith("eval") else None,
-          markersize=3,
-        )
+      xs, ys = _series(records, key)
+      if not xs:
+        continue
+      held_out = key.startswith("eval/")
+      (line,) = ax.plot(
+        xs, ys, label=label, marker="o" if held_out else None, markersize=3
+      )
+      color = line.get_color()
+      if held_out:
+        stem = key.replace("/success", "/success_{}")
+        _, lo = _series(records, stem.format("lo"))
+        _, hi = _series(records, stem.format("hi"))
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.2)
+        _, rand = _series(records, "eval/random_success")
+        if rand:
+          ax.axhline(rand[-1], color=color, linestyle="--", linewidth=1)
+      if warm:
+        ax.axvline(warm, color=color, linestyle=":", linewidth=1)
       ax.set_title(title)
       ax.set_xlabel("step")
+      ax.set_ylim(0, 1)
       ax.grid(alpha=0.3)
-  axes[0].legend()
-  fig.tight_layout()
+  axes[0].legend(loc="lower right")
+  fig.text(
+    0.5,
+    0.01,
+    "shaded: 95% interval; dashed: random valid player on the same levels; "
+    "dotted: warm start ends, RL begins",
+    ha="center",
+    fontsize=8,
+  )
+  fig.tight_layout(rect=(0, 0.04, 1, 1))
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   fig.savefig(args.out, dpi=110)
   print(f"wrote {args.out}")

@@ -150,6 +150,13 @@ def workload(
   c = sokoban.get_config(f"model={model},algo=grpo")
   c.algo.kl_coef = 0.0
   c.train.eval_every = 0
+  # What the PyTorch loop implements (and the README's tables measured):
+  # RAGEN's prompt and the token-mean loss, whatever the training configs
+  # choose for the tiny model.
+  c.rollout.prompt = "ragen"
+  c.algo.loss_agg = "token-mean"
+  if model == "tiny":
+    c.rollout.max_context = 768
   if model != "tiny":
     # Random weights and the compact tokenizer (no download); float32 on
     # both sides, as the CPU has no fast bfloat16.

@@ -1,4 +1,5 @@
-"""launch/*.sh: syntax, shellcheck, and the commands --dry-run prints."""
+"""launch/*.sh and benchmarks/*.sh: syntax, shellcheck, and the commands
+--dry-run prints."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import subprocess
 
 import pytest
 
-LAUNCH = pathlib.Path(__file__).resolve().parent.parent / "launch"
-SCRIPTS = sorted(LAUNCH.glob("*.sh"))  # lib.sh included
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LAUNCH = ROOT / "launch"
+# lib.sh included, and the benchmarks' scripts.
+SCRIPTS = sorted(LAUNCH.glob("*.sh")) + sorted(
+  (ROOT / "benchmarks").glob("*.sh")
+)
 
 
 def dry_run(script: str, *args: str) -> list[list[str]]:

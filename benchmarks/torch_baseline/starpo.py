@@ -86,6 +86,10 @@ class Config:
       raise ValueError(
         "the PyTorch baseline implements GRPO without KL, one epoch"
       )
+    if a.loss_agg != "token-mean" or r.prompt != "ragen":
+      raise ValueError(
+        "the PyTorch baseline implements the token-mean loss and RAGEN's prompt"
+      )
     return cls(
       env_groups=r.env_groups,
       group_size=r.group_size,

@@ -1,0 +1,147 @@
+"""The README's learning table, from training runs' ``metrics.jsonl``.
+
+  python -m benchmarks.learning_table runs/sokoban runs/frozen_lake
+  python -m benchmarks.learning_table runs/sokoban --json docs/learn.json
+
+For each run: held-out success (with its 95% interval) untrained, where RL
+started (after the warm start, if any), at the end and at its best, RL's
+own gain, the random valid player on the same levels, training rates over
+the first and last ten RL steps, and the wall time since the run started
+(compiles and evaluations included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from starpo_jax import logging as log_lib
+
+
+def _pct(x: float) -> str:
+  return f"{100 * x:.1f}%"
+
+
+def _eval(record: dict[str, Any], at: str = "") -> str:
+  get = lambda stat: record[f"eval/{stat}{at}"]
+  return (
+    f"{_pct(get('success'))} [{100 * get('success_lo'):.1f}, "
+    f"{100 * get('success_hi'):.1f}]"
+  )
+
+
+def summarize(workdir: str) -> dict[str, Any]:
+  """The numbers of one run."""
+  records = log_lib.read_metrics(workdir)
+  evals = [r for r in records if "eval/success" in r]
+  if not evals:
+    raise ValueError(f"{workdir}: no evaluation in metrics.jsonl")
+  warm = [r["step"] for r in records if "sft/loss" in r]
+  boundary = max(warm, default=0)
+  start = next(r for r in evals if r["step"] == boundary)
+  final = evals[-1]
+  rl = [r for r in records if "rollout/success" in r]
+  mean = lambda rs, k: float(np.mean([r[k] for r in rs])) if rs else np.nan
+  return {
+    "workdir": workdir,
+    "warm_start_steps": boundary,
+    "rl_steps": final["step"] - boundary,
+    "minutes": final.get("time/elapsed_s", np.nan) / 60,
+    "untrained": evals[0],
+    "start": start,
+    "final": final,
+    "best": max(evals, key=lambda r: r["eval/success"]),
+    "gain": final["eval/success"] - start["eval/success"],
+    "gain_greedy": final["eval/success@t0"] - start["eval/success@t0"],
+    "train_success": (
+      mean(rl[:10], "rollout/success"),
+      mean(rl[-10:], "rollout/success"),
+    ),
+    "valid": (
+      mean(rl[:10], "rollout/valid_action_rate"),
+      mean(rl[-10:], "rollout/valid_action_rate"),
+    ),
+    "entropy": (
+      mean(rl[:10], "rollout/entropy"),
+      mean(rl[-10:], "rollout/entropy"),
+    ),
+  }
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+  """A markdown table, one column per run."""
+  rows = [
+    (
+      "steps (warm start + RL)",
+      lambda s: f"{s['warm_start_steps']} + {s['rl_steps']}",
+    ),
+    (
+      "wall time, compiles and evaluations included",
+      lambda s: f"{s['minutes']:.1f} min",
+    ),
+    ("held-out success, untrained (t=0.5)", lambda s: _eval(s["untrained"])),
+    ("after the warm start (t=0.5)", lambda s: _eval(s["start"])),
+    ("final (t=0.5)", lambda s: _eval(s["final"])),
+    ("final, greedy", lambda s: _eval(s["final"], "@t0")),
+    (
+      "best of the evaluations (t=0.5)",
+      lambda s: f"{_pct(s['best']['eval/success'])} (step {s['best']['step']})",
+    ),
+    (
+      "RL's gain over its start, t=0.5 / greedy",
+      lambda s: (
+        f"{100 * s['gain']:+.1f} / {100 * s['gain_greedy']:+.1f} points"
+      ),
+    ),
+    ("random valid player, same levels", lambda s: _random(s["final"])),
+    (
+      "training success, first / last 10 RL steps",
+      lambda s: _pair(s["train_success"]),
+    ),
+    (
+      "valid action rate, first / last 10 RL steps",
+      lambda s: _pair(s["valid"]),
+    ),
+    (
+      "policy entropy, first / last 10 RL steps",
+      lambda s: "{:.2f} / {:.2f}".format(*s["entropy"]),
+    ),
+  ]
+  names = [os.path.basename(os.path.normpath(s["workdir"])) for s in runs]
+  out = ["| | " + " | ".join(names) + " |", "|---" * (len(runs) + 1) + "|"]
+  for label, cell in rows:
+    out.append(f"| {label} | " + " | ".join(cell(s) for s in runs) + " |")
+  return "\n".join(out)
+
+
+def _random(record: dict[str, Any]) -> str:
+  return (
+    f"{_pct(record['eval/random_success'])} "
+    f"[{100 * record['eval/random_success_lo']:.1f}, "
+    f"{100 * record['eval/random_success_hi']:.1f}]"
+  )
+
+
+def _pair(pair: tuple[float, float]) -> str:
+  return f"{_pct(pair[0])} / {_pct(pair[1])}"
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("workdirs", nargs="+")
+  parser.add_argument("--json", help="also write the numbers here")
+  args = parser.parse_args(argv)
+  runs = [summarize(w) for w in args.workdirs]
+  print(table(runs))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(runs, f, indent=1)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+  main()
