@@ -7,12 +7,14 @@ For each run: held-out success (with its 95% interval) untrained, where RL
 started (after the warm start, if any), at the end and at its best, RL's
 own gain, the random valid player on the same levels, training rates over
 the first and last ten RL steps, and the wall time since the run started
-(compiles and evaluations included).
+(compiles and evaluations included; for a resumed run, the sum over its
+processes, each start counted).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 from typing import Any
@@ -45,12 +47,16 @@ def summarize(workdir: str) -> dict[str, Any]:
   start = next(r for r in evals if r["step"] == boundary)
   final = evals[-1]
   rl = [r for r in records if "rollout/success" in r]
+  # A resumed run restarts the clock: add up each process's wall time.
+  clock = [r["time/elapsed_s"] for r in records if "time/elapsed_s" in r]
+  ends = [a for a, b in itertools.pairwise(clock) if b < a]
   mean = lambda rs, k: float(np.mean([r[k] for r in rs])) if rs else np.nan
   return {
     "workdir": workdir,
     "warm_start_steps": boundary,
     "rl_steps": final["step"] - boundary,
-    "minutes": final.get("time/elapsed_s", np.nan) / 60,
+    "minutes": (sum(ends) + clock[-1]) / 60 if clock else np.nan,
+    "processes": len(ends) + 1,
     "untrained": evals[0],
     "start": start,
     "final": final,
@@ -81,7 +87,10 @@ def table(runs: list[dict[str, Any]]) -> str:
     ),
     (
       "wall time, compiles and evaluations included",
-      lambda s: f"{s['minutes']:.1f} min",
+      lambda s: (
+        f"{s['minutes']:.1f} min"
+        + (f" ({s['processes']} processes)" if s["processes"] > 1 else "")
+      ),
     ),
     ("held-out success, untrained (t=0.5)", lambda s: _eval(s["untrained"])),
     ("after the warm start (t=0.5)", lambda s: _eval(s["start"])),

@@ -23,9 +23,20 @@ from starpo_jax import logging as log_lib
 PANELS = (
   ("eval/success", "held-out success (t=0.5)"),
   ("eval/success@t0", "held-out success (greedy)"),
-  ("rollout/success", "training success"),
+  ("rollout/success", "training success (10-step mean)"),
   ("rollout/valid_action_rate", "valid action rate (training)"),
 )
+
+
+# Training panels: the mean of the last SMOOTH steps (one step's 8 or 16
+# levels make a noisy rate).
+SMOOTH = 10
+
+
+def _moving_mean(ys, n):
+  return [
+    sum(ys[max(0, i - n + 1) : i + 1]) / min(i + 1, n) for i in range(len(ys))
+  ]
 
 
 def _series(records, key):
@@ -48,6 +59,8 @@ def main(argv: list[str] | None = None) -> None:
       if not xs:
         continue
       held_out = key.startswith("eval/")
+      if not held_out:
+        ys = _moving_mean(ys, SMOOTH)
       (line,) = ax.plot(
         xs, ys, label=label, marker="o" if held_out else None, markersize=3
       )

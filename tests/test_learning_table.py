@@ -1,0 +1,71 @@
+"""The README's learning table and curves, from hand-written run records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import learning_table, plot_curves
+
+
+def _eval(step, success, elapsed):
+  out = {"step": step, "time/elapsed_s": elapsed}
+  for at in ("", "@t0"):
+    out[f"eval/success{at}"] = success
+    out[f"eval/success_lo{at}"] = success - 0.04
+    out[f"eval/success_hi{at}"] = success + 0.04
+  out |= {
+    "eval/random_success": 0.2,
+    "eval/random_success_lo": 0.17,
+    "eval/random_success_hi": 0.23,
+  }
+  return out
+
+
+def _rl(step, success, elapsed):
+  return {
+    "step": step,
+    "time/elapsed_s": elapsed,
+    "rollout/success": success,
+    "rollout/valid_action_rate": 1.0,
+    "rollout/entropy": 0.5,
+  }
+
+
+@pytest.fixture
+def resumed_run(tmp_path):
+  """Two warm-start steps, then RL; the process restarted after step 3."""
+  records = [
+    _eval(0, 0.0, 10.0),
+    {"step": 1, "sft/loss": 2.0, "time/elapsed_s": 20.0},
+    {**_eval(2, 0.4, 30.0), "sft/loss": 1.0},
+    _rl(3, 0.3, 40.0),
+    _rl(4, 0.5, 15.0),  # a new process: its clock starts again
+    {**_rl(5, 0.7, 25.0), **_eval(5, 0.6, 25.0)},
+  ]
+  (tmp_path / "metrics.jsonl").write_text(
+    "".join(json.dumps(r) + "\n" for r in records)
+  )
+  return tmp_path
+
+
+def test_the_table_counts_rl_from_the_warm_start_and_sums_processes(
+  resumed_run,
+):
+  s = learning_table.summarize(str(resumed_run))
+  assert (s["warm_start_steps"], s["rl_steps"]) == (2, 3)
+  assert s["gain"] == pytest.approx(0.2)  # 0.6 final - 0.4 where RL began
+  assert s["minutes"] == pytest.approx((40.0 + 25.0) / 60)
+  assert s["processes"] == 2
+  assert s["train_success"] == pytest.approx((0.5, 0.5))
+  text = learning_table.table([s])
+  assert "| final (t=0.5) | 60.0% [56.0, 64.0] |" in text
+  assert "+20.0 / +20.0 points" in text
+  assert "1.1 min (2 processes)" in text
+
+
+def test_the_curves_render(resumed_run, tmp_path):
+  out = tmp_path / "curves.png"
+  plot_curves.main([str(resumed_run), "--out", str(out)])
+  assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
