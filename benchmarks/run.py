@@ -162,7 +162,7 @@ def workload(
     # both sides, as the CPU has no fast bfloat16.
     c.model.tokenizer = tokenizer_dir
     c.model.dtype = c.model.param_dtype = "float32"
-    c.model.remat = False
+    c.model.remat = "none"
     c.rollout.env_groups, c.rollout.group_size = 2, 2
     c.rollout.max_turns = 2
     c.rollout.max_new_tokens = 16

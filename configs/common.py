@@ -69,8 +69,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.tokenizer = ""  # a tokenizer.json directory; empty: see README
   c.model.dtype = "float32"
   c.model.param_dtype = "float32"
-  # Recompute layer activations in the backward pass (memory for compute).
-  c.model.remat = False
+  # What the backward pass recomputes instead of storing: "none", "dots"
+  # (keep matmul outputs) or "full" (keep only each layer's input).
+  c.model.remat = "none"
+  # The training attention kernel: "auto" (the platform's fused one),
+  # "blockwise", "cudnn" (GPU, bfloat16), "splash" (TPU) or "xla".
+  c.model.attention = "auto"
   # The tiny model's shape, when model.preset is "tiny".
   c.model.hidden_size = 128
   c.model.num_layers = 2
@@ -192,4 +196,4 @@ def apply_model(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
   else:
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "bfloat16"
-    c.model.remat = True
+    c.model.remat = "full"

@@ -32,11 +32,43 @@ _MESH = flags.DEFINE_multi_string(
   "mesh", [], "data,fsdp,tensor (repeat to compare meshes); default: config"
 )
 _TOPOLOGY = flags.DEFINE_string(
-  "topology", None, "A TPU topology such as v5e:2x4 (needs libtpu)."
+  "topology",
+  None,
+  "A TPU topology such as v5e:2x4, or a slice name such as v5e-8 "
+  "(needs libtpu: pip install 'jax[tpu]').",
 )
 _JSON = flags.DEFINE_string("json", None, "Also write the report here.")
 
 GiB = 1024**3
+
+# Cloud TPU slice names -> JAX topology names (chips x chips [x chips]).
+# A v5p or v4 slice is named by TensorCores, two per chip.
+SLICES = {
+  "v4-8": "v4:2x2x1",
+  "v4-16": "v4:2x2x2",
+  "v5e-1": "v5e:1x1",
+  "v5e-4": "v5e:2x2",
+  "v5e-8": "v5e:2x4",
+  "v5e-16": "v5e:4x4",
+  "v5p-8": "v5p:2x2x1",
+  "v5p-16": "v5p:2x2x2",
+  "v5p-32": "v5p:2x2x4",
+  "v6e-1": "v6e:1x1",
+  "v6e-4": "v6e:2x2",
+  "v6e-8": "v6e:2x4",
+  "v6e-16": "v6e:4x4",
+}
+
+# High-bandwidth memory per chip, by the device kind JAX reports.
+HBM = {
+  "TPU v4": 32 * GiB,
+  "TPU v5 lite": 16 * GiB,
+  "TPU v5e": 16 * GiB,
+  "TPU v5": 95 * GiB,
+  "TPU v5p": 95 * GiB,
+  "TPU v6 lite": 32 * GiB,
+  "TPU v6e": 32 * GiB,
+}
 
 
 def _parse_mesh(text: str) -> tuple[int, ...]:
@@ -68,10 +100,12 @@ def _devices(count: int):
     return jax.devices()[:count]
   from jax.experimental import topologies
 
+  # Compiling touches no chip: libtpu need not be the only one loaded
+  # (a training run or another check may hold its lock file).
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  name = SLICES.get(_TOPOLOGY.value, _TOPOLOGY.value)
   try:
-    topology = topologies.get_topology_desc(
-      platform="tpu", topology_name=_TOPOLOGY.value
-    )
+    topology = topologies.get_topology_desc(platform="tpu", topology_name=name)
   except Exception as e:  # what is missing depends on the installation
     raise app.UsageError(
       f"--topology={_TOPOLOGY.value}: this JAX cannot compile for TPU "
@@ -90,6 +124,7 @@ def check(config, shape: tuple[int, ...], devices) -> dict:
   import jax
 
   from starpo_jax import sharding, train
+  from starpo_jax.models import attention
 
   config = config.copy_and_resolve_references()
   with config.unlocked():
@@ -114,18 +149,35 @@ def check(config, shape: tuple[int, ...], devices) -> dict:
     if t is not None
   )
   count = sum(math.prod(x.shape) for x in jax.tree.leaves(state.policy))
+  field = lambda name: int(getattr(mem, name, 0) or 0)
+  # Live at the peak: the arguments (the state, donated), outputs that do
+  # not reuse an argument's buffer, and XLA's temporaries.
+  peak = (
+    field("argument_size_in_bytes")
+    + field("output_size_in_bytes")
+    - field("alias_size_in_bytes")
+    + field("temp_size_in_bytes")
+  )
+  kind = devices[0].device_kind
+  m = setup.model_cfg
   return {
     "mesh": dict(zip(sharding.AXES, shape, strict=True)),
     "devices": math.prod(shape),
     "platform": devices[0].platform,
+    "device_kind": kind,
     "model": config.model.preset,
+    "dtype": m.dtype,
+    "remat": m.remat,
+    "attention": attention.choose(m.attention, m.dtype, devices[0].platform),
     "policy_parameters": count,
     "compile_s": seconds,
     "param_bytes": params,
     "optimizer_bytes": optimizer,
-    "activation_bytes": int(getattr(mem, "temp_size_in_bytes", 0)),
-    "argument_bytes": int(getattr(mem, "argument_size_in_bytes", 0)),
-    "code_bytes": int(getattr(mem, "generated_code_size_in_bytes", 0)),
+    "activation_bytes": field("temp_size_in_bytes"),
+    "argument_bytes": field("argument_size_in_bytes"),
+    "peak_bytes": peak,
+    "hbm_bytes": HBM.get(kind),
+    "code_bytes": field("generated_code_size_in_bytes"),
   }
 
 
@@ -141,19 +193,23 @@ def report(r: dict) -> str:
   total = r["param_bytes"] + r["optimizer_bytes"] + r["activation_bytes"]
   n = r["policy_parameters"]
   count = f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
-  return "\n".join(
-    [
-      f"{r['model']} ({count} policy parameters) on mesh {mesh}: "
-      f"{r['devices']} {r['platform']} devices; compiled in "
-      f"{r['compile_s']:.0f} s",
-      "  per device:",
-      f"    parameters   {_size(r['param_bytes'])} (policy, critic, reference)",
-      f"    optimizer    {_size(r['optimizer_bytes'])} (AdamW moments)",
-      f"    activations  {_size(r['activation_bytes'])}"
-      " (XLA temporaries: KV cache, logits, gradients)",
-      f"    total        {_size(total)}",
-    ]
-  )
+  lines = [
+    f"{r['model']} ({count} policy parameters, {r['dtype']}, remat "
+    f"{r['remat']}, {r['attention']} attention) on mesh {mesh}: "
+    f"{r['devices']} {r['platform']} devices ({r['device_kind']}); "
+    f"compiled in {r['compile_s']:.0f} s",
+    "  per device:",
+    f"    parameters   {_size(r['param_bytes'])} (policy, critic, reference)",
+    f"    optimizer    {_size(r['optimizer_bytes'])} (AdamW moments)",
+    f"    activations  {_size(r['activation_bytes'])}"
+    " (XLA temporaries: KV cache, logits, gradients)",
+    f"    total        {_size(total)}",
+    f"    peak         {_size(r['peak_bytes'])} (live at once, as compiled)",
+  ]
+  if r["hbm_bytes"]:
+    fits = "fits" if r["peak_bytes"] <= r["hbm_bytes"] else "DOES NOT FIT"
+    lines.append(f"    chip memory  {_size(r['hbm_bytes'])}: {fits}")
+  return "\n".join(lines)
 
 
 def main(argv) -> None:

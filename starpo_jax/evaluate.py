@@ -103,11 +103,11 @@ class Evaluator:
       for t in self.temperatures:
         cfg = dataclasses.replace(base, temperature=t)
         # Replicated outputs: every host can read the summary and transcript.
+        play = lambda params, codec, key, env=env, cfg=cfg: rollout_lib.rollout(
+          nnx.merge(policy_def, params), codec, env, cfg, key
+        )
         self.runs[(name, t)] = jax.jit(
-          lambda params, codec, key, env=env, cfg=cfg: rollout_lib.rollout(
-            nnx.merge(policy_def, params), codec, env, cfg, key
-          ),
-          out_shardings=everywhere,
+          sharding.traced_for(mesh, play), out_shardings=everywhere
         )
     key = held_out_key(seed)
     self.key = jax.random.wrap_key_data(

@@ -328,4 +328,4 @@ def make_sft_step(
     metrics["train/nonfinite_streak"] = nonfinite.astype(jnp.float32)
     return new_state, metrics
 
-  return step
+  return sharding.traced_for(mesh, step)

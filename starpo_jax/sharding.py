@@ -10,8 +10,9 @@ does not divide stays replicated, so any model runs on any mesh.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -154,3 +155,22 @@ def local_value(x: jax.Array) -> np.ndarray:
   """The value of a replicated array, read from this host's first copy (a
   multi-host array cannot be fetched whole)."""
   return np.asarray(x.addressable_data(0))
+
+
+def traced_for(mesh: Mesh | None, fn: Callable[..., Any]) -> Callable[..., Any]:
+  """``fn``, traced for ``mesh`` (call the result inside ``jax.jit``).
+
+  Code that asks which mesh it runs on (``jax.sharding.get_abstract_mesh``)
+  sees this one: the attention kernels take their platform from it (so a
+  step compiled for a TPU topology on a CPU host picks TPU kernels) and run
+  per device in ``shard_map`` over its axes. Without a mesh, ``fn``.
+  """
+  if mesh is None:
+    return fn
+
+  @functools.wraps(fn)
+  def traced(*args: Any, **kwargs: Any) -> Any:
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+
+  return traced

@@ -660,4 +660,4 @@ def make_step(
     metrics["train/nonfinite_streak"] = new_state.nonfinite.astype(jnp.float32)
     return new_state, metrics
 
-  return step
+  return sharding.traced_for(mesh, step)

@@ -154,7 +154,7 @@ def build(
     model_cfg = transformer.PRESETS[m.preset].replace(
       dtype=m.dtype, param_dtype=m.param_dtype
     )
-  model_cfg = model_cfg.replace(remat=bool(m.remat))
+  model_cfg = model_cfg.replace(remat=m.remat, attention=m.attention)
   try:
     model_cfg = transformer.validate(model_cfg)
   except ValueError as e:

@@ -1,4 +1,4 @@
-"""Test ordering for ``pytest -n 2 --dist loadfile``.
+"""Test settings: the CPU platform, and the order of files for workers.
 
 Workers take whole files in collection order, so a long file collected
 last runs alone at the end. Starting with the longest files (measured on
@@ -6,6 +6,12 @@ last runs alone at the end. Starting with the longest files (measured on
 """
 
 from __future__ import annotations
+
+import os
+
+# Tests run on the CPU. libtpu (a test dependency, for compiling to TPU
+# topologies) would otherwise probe for TPU chips in every process.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 LONGEST_FIRST = (
   "tests/test_sharding.py",

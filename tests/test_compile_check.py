@@ -1,4 +1,5 @@
-"""The ahead-of-time compile check (a subprocess: it simulates devices)."""
+"""The ahead-of-time compile check (a subprocess: it simulates devices, or
+compiles for TPU chips this machine does not have)."""
 
 from __future__ import annotations
 
@@ -10,27 +11,28 @@ import sys
 import pytest
 
 
-@pytest.mark.slow
-def test_memory_falls_with_fsdp(tmp_path):
-  report = tmp_path / "report.json"
-  env = dict(os.environ, PYTHONPATH=os.getcwd())
+def compile_check(*args: str) -> subprocess.CompletedProcess:
+  env = dict(os.environ, PYTHONPATH=os.getcwd(), JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
-  out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "starpo_jax.compile_check",
-      "--config=configs/bandit.py:algo=grpo",  # no critic: compiles faster
-      "--config.model.num_layers=1",
-      "--mesh=1,1,1",
-      "--mesh=1,4,1",
-      f"--json={report}",
-    ],
+  return subprocess.run(
+    [sys.executable, "-m", "starpo_jax.compile_check", *args],
     env=env,
     capture_output=True,
     text=True,
     timeout=900,
     check=False,
+  )
+
+
+@pytest.mark.slow
+def test_memory_falls_with_fsdp(tmp_path):
+  report = tmp_path / "report.json"
+  out = compile_check(
+    "--config=configs/bandit.py:algo=grpo",  # no critic: compiles faster
+    "--config.model.num_layers=1",
+    "--mesh=1,1,1",
+    "--mesh=1,4,1",
+    f"--json={report}",
   )
   assert out.returncode == 0, out.stderr[-4000:]
   one, four = json.loads(report.read_text())
@@ -41,21 +43,39 @@ def test_memory_falls_with_fsdp(tmp_path):
     ratio = four[key] / one[key]
     assert 0.25 <= ratio < 0.27, (key, ratio)
   assert four["activation_bytes"] > 0
+  assert one["attention"] == "blockwise"  # the CPU's kernel
 
 
 def test_mesh_flag_is_checked():
-  out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "starpo_jax.compile_check",
-      "--config=configs/bandit.py",
-      "--mesh=2,x,1",
-    ],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    check=False,
-  )
+  out = compile_check("--config=configs/bandit.py", "--mesh=2,x,1")
   assert out.returncode != 0
   assert "--mesh='2,x,1'" in out.stderr
+
+
+@pytest.mark.slow
+def test_step_compiles_for_a_tpu_topology(tmp_path):
+  # libtpu (jax[tpu], a test dependency) compiles for TPU chips this CPU
+  # machine does not have; the TPU's attention kernel (Pallas splash,
+  # per device in shard_map) is the one compiled.
+  report = tmp_path / "report.json"
+  out = compile_check(
+    "--config=configs/bandit.py:algo=grpo",
+    "--config.model.num_layers=1",
+    "--topology=v5e-4",
+    "--mesh=1,2,2",
+    f"--json={report}",
+  )
+  assert out.returncode == 0, out.stderr[-4000:]
+  (r,) = json.loads(report.read_text())
+  assert (r["platform"], r["devices"], r["attention"]) == ("tpu", 4, "splash")
+  assert r["hbm_bytes"] == 16 * 1024**3
+  assert 0 < r["param_bytes"] < r["peak_bytes"] < r["hbm_bytes"]
+  assert "chip memory" in out.stdout and "fits" in out.stdout
+
+
+def test_unknown_topology_is_named():
+  out = compile_check(
+    "--config=configs/bandit.py", "--topology=v9z:1x1", "--mesh=1,1,1"
+  )
+  assert out.returncode != 0
+  assert "--topology=v9z:1x1" in out.stderr

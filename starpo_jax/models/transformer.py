@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from starpo_jax.models import attention
 from starpo_jax.models import logical as ax
 
 
@@ -66,10 +67,15 @@ class ModelConfig:
   rms_norm_eps: float = 1e-6
   max_position_embeddings: int = 32_768
   value_head: bool = False
-  # Recompute each layer's activations in the backward pass instead of
-  # storing them (jax.checkpoint): training memory per layer falls from
-  # every intermediate to the layer's input, for about a third more compute.
-  remat: bool = False
+  # What the backward pass recomputes instead of storing (REMAT_POLICIES):
+  # "none" stores every intermediate of every layer; "full" stores only
+  # each layer's input and recomputes the layer (about a third more
+  # compute); "dots" also keeps the layer's projections (matmul outputs)
+  # and recomputes only the elementwise work and attention.
+  remat: str = "none"
+  # The training attention kernel (attention.IMPLEMENTATIONS); "auto" picks
+  # the platform's fused one.
+  attention: str = "auto"
   dtype: str = "float32"
   param_dtype: str = "float32"
   bos_token_id: int | None = None
@@ -96,6 +102,11 @@ class ModelConfig:
 
 FAMILIES = ("qwen2", "llama")
 DTYPES = ("float32", "bfloat16")
+REMAT_POLICIES = {
+  "none": None,
+  "full": jax.checkpoint_policies.nothing_saveable,
+  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 _LLAMA32_ROPE = RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
 
@@ -248,6 +259,15 @@ def validate(cfg: ModelConfig) -> ModelConfig:
       raise ValueError(
         f"model: {name}={getattr(cfg, name)!r}; expected one of {DTYPES}"
       )
+  if cfg.remat not in REMAT_POLICIES:
+    raise ValueError(
+      f"model: remat={cfg.remat!r}; expected one of {tuple(REMAT_POLICIES)}"
+    )
+  if cfg.attention not in attention.IMPLEMENTATIONS:
+    raise ValueError(
+      f"model: attention={cfg.attention!r}; expected one of "
+      f"{attention.IMPLEMENTATIONS}"
+    )
   if cfg.rope_scaling is not None and cfg.rope_scaling.kind not in (
     "linear",
     "llama3",
@@ -330,219 +350,6 @@ def rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
   return (xf * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
 
 
-ATTENTION_BLOCK = 128
-
-
-# Causal attention over a whole sequence runs at most this many query blocks.
-MAX_CAUSAL_BLOCKS = 16
-
-
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-  """Causal grouped-query attention of a sequence with itself.
-
-  On accelerators this is ``jax.nn.dot_product_attention`` (fused kernels).
-  On CPU, XLA's unfused softmax makes that memory-bound, so a
-  flash-attention-style version runs instead: one sequence at a time (its
-  score blocks stay in cache), queries in blocks that attend only to the
-  keys up to their end (the masked half is never computed), and a backward
-  pass that recomputes the probabilities from the saved log-normalisers
-  rather than storing them. For a 768-token sequence on 2 CPU cores it is
-  about 3x faster forward and 2x forward and backward.
-
-  Args:
-    q: ``[B, T, N, H]`` queries; ``k``, ``v``: ``[B, T, K, H]``.
-
-  Returns:
-    ``[B, T, N, H]``.
-  """
-  if jax.default_backend() != "cpu":
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True)
-  return _row_attention(q, k, v)
-
-
-def _blocks(t: int) -> list[tuple[int, int]]:
-  blk = max(ATTENTION_BLOCK, -(-t // MAX_CAUSAL_BLOCKS))
-  return [(s, min(s + blk, t)) for s in range(0, t, blk)]
-
-
-def _head_major(q, k, v):
-  """One sequence: ``[T, N, H]`` -> scaled float32 ``[K, G, T, H]``, and
-  ``[T, K, H]`` -> ``[K, T, H]``."""
-  t, n, h = q.shape
-  kv = k.shape[1]
-  qq = q.astype(jnp.float32).reshape(t, kv, n // kv, h).transpose(1, 2, 0, 3)
-  qq = qq / math.sqrt(h)
-  kk = k.astype(jnp.float32).transpose(1, 0, 2)
-  vv = v.astype(jnp.float32).transpose(1, 0, 2)
-  return qq, kk, vv
-
-
-def _row_forward(q, k, v):
-  """One sequence's attention ``[T, N, H]`` and log-normalisers
-  ``[K, G, T]``."""
-  t, n, h = q.shape
-  qq, kk, vv = _head_major(q, k, v)
-  outs, lses = [], []
-  for start, end in _blocks(t):
-    s = jnp.einsum("KGTH,KSH->KGTS", qq[:, :, start:end], kk[:, :end])
-    ok = jnp.arange(end)[None, :] <= jnp.arange(start, end)[:, None]
-    s = jnp.where(ok, s, -jnp.inf)
-    m = jnp.max(s, axis=-1, keepdims=True)
-    p = jnp.exp(s - m)
-    total = jnp.sum(p, axis=-1, keepdims=True)
-    outs.append(jnp.einsum("KGTS,KSH->KGTH", p, vv[:, :end]) / total)
-    lses.append((m + jnp.log(total))[..., 0])
-  o = jnp.concatenate(outs, axis=2).transpose(2, 0, 1, 3).reshape(t, n, h)
-  return o, jnp.concatenate(lses, axis=2)
-
-
-def _row_backward(q, k, v, o, lse, do):
-  """Gradients of one sequence's attention, probabilities recomputed."""
-  t, n, h = q.shape
-  kv = k.shape[1]
-  qq, kk, vv = _head_major(q, k, v)
-  heads = lambda x: x.astype(jnp.float32).reshape(t, kv, n // kv, h)
-  do_ = heads(do).transpose(1, 2, 0, 3)  # [K, G, T, H]
-  delta = jnp.sum(do_ * heads(o).transpose(1, 2, 0, 3), axis=-1)  # [K, G, T]
-  dq, dk, dv = [], jnp.zeros_like(kk), jnp.zeros_like(vv)
-  for start, end in _blocks(t):
-    qb, dob = qq[:, :, start:end], do_[:, :, start:end]
-    s = jnp.einsum("KGTH,KSH->KGTS", qb, kk[:, :end])
-    ok = jnp.arange(end)[None, :] <= jnp.arange(start, end)[:, None]
-    p = jnp.where(ok, jnp.exp(s - lse[:, :, start:end, None]), 0.0)
-    pad = ((0, 0), (0, t - end), (0, 0))
-    dv = dv + jnp.pad(jnp.einsum("KGTS,KGTH->KSH", p, dob), pad)
-    dp = jnp.einsum("KGTH,KSH->KGTS", dob, vv[:, :end])
-    ds = p * (dp - delta[:, :, start:end, None])
-    dq.append(jnp.einsum("KGTS,KSH->KGTH", ds, kk[:, :end]) / math.sqrt(h))
-    dk = dk + jnp.pad(jnp.einsum("KGTS,KGTH->KSH", ds, qb), pad)
-  dq = jnp.concatenate(dq, axis=2).transpose(2, 0, 1, 3).reshape(t, n, h)
-  return (
-    dq.astype(q.dtype),
-    dk.transpose(1, 0, 2).astype(k.dtype),
-    dv.transpose(1, 0, 2).astype(v.dtype),
-  )
-
-
-@jax.custom_vjp
-def _row_attention(q, k, v):
-  return _row_attention_fwd(q, k, v)[0]
-
-
-def _row_attention_fwd(q, k, v):
-  o, lse = jax.lax.map(lambda x: _row_forward(*x), (q, k, v))
-  o = o.astype(v.dtype)
-  return o, (q, k, v, o, lse)
-
-
-def _row_attention_bwd(res, do):
-  return jax.lax.map(lambda x: _row_backward(*x), (*res, do))
-
-
-_row_attention.defvjp(_row_attention_fwd, _row_attention_bwd)
-
-
-def cached_attention(
-  q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array
-) -> jax.Array:
-  """Grouped-query attention against a head-major cache, block by block.
-
-  Keys are visited in blocks of ``ATTENTION_BLOCK`` slots with an online
-  softmax, and only up to the furthest position any query needs: a cache
-  sized for a whole episode costs only what is used so far, and no
-  ``[queries, slots]`` score matrix is materialised.
-
-  Args:
-    q: ``[B, T, N, H]`` queries.
-    k, v: ``[B, K, S, H]`` cached keys and values (``N`` a multiple of K).
-    positions: ``[B, T]`` int32; query ``(b, t)`` attends to slots
-      ``<= positions[b, t]``.
-
-  Returns:
-    ``[B, T, N, H]``.
-  """
-  b, t, n, h = q.shape
-  if t > 1 and jax.default_backend() == "cpu":
-    return _row_prefill(q, k, v, positions)
-  kv, size = k.shape[1], k.shape[2]
-  g = n // kv
-  blk = min(ATTENTION_BLOCK, size)
-  q = q.reshape(b, t, kv, g, h).astype(jnp.float32) / math.sqrt(h)
-  needed = jnp.max(positions) + 1
-  blocks = (jnp.minimum(needed, size) + blk - 1) // blk
-
-  def scores_of(kb, start):
-    if t == 1:
-      # One query row: a fused multiply-reduce streams the block once (a
-      # matmul of a few rows is far slower on CPU).
-      s = jnp.sum(q[:, 0, :, :, None, :] * kb[:, :, None], axis=-1)
-      s = s[:, :, :, None, :]  # [B, K, G, 1, blk]
-    else:
-      s = jnp.einsum("BTKGH,BKSH->BKGTS", q, kb)
-    slots = start + jnp.arange(blk)
-    ok = slots[None, None, :] <= positions[:, :, None]  # [B, T, blk]
-    return jnp.where(ok[:, None, None], s, -jnp.inf)
-
-  def body(carry):
-    i, m, total, acc = carry
-    start = jnp.minimum(i * blk, size - blk)
-    kb = jax.lax.dynamic_slice_in_dim(k, start, blk, axis=2).astype(jnp.float32)
-    vb = jax.lax.dynamic_slice_in_dim(v, start, blk, axis=2).astype(jnp.float32)
-    # A last block that overlaps the previous one must not count twice.
-    fresh = start + jnp.arange(blk) >= i * blk
-    s = scores_of(kb, start)
-    s = jnp.where(fresh, s, -jnp.inf)
-    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-    safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-    p = jnp.exp(s - safe[..., None])
-    scale = jnp.exp(jnp.where(jnp.isfinite(m), m - safe, -jnp.inf))
-    total = total * scale + jnp.sum(p, axis=-1)
-    if t == 1:
-      pv = jnp.sum(p[:, :, :, 0, :, None] * vb[:, :, None], axis=-2)[
-        :, :, :, None
-      ]
-    else:
-      pv = jnp.einsum("BKGTS,BKSH->BKGTH", p, vb)
-    acc = acc * scale[..., None] + pv
-    return i + 1, m_new, total, acc
-
-  init = (
-    jnp.zeros((), jnp.int32),
-    jnp.full((b, kv, g, t), -jnp.inf, jnp.float32),
-    jnp.zeros((b, kv, g, t), jnp.float32),
-    jnp.zeros((b, kv, g, t, h), jnp.float32),
-  )
-  _, _, total, acc = jax.lax.while_loop(lambda c: c[0] < blocks, body, init)
-  out = acc / jnp.maximum(total, 1e-30)[..., None]  # [B, K, G, T, H]
-  out = jnp.moveaxis(out, 3, 1).reshape(b, t, n, h)
-  return out.astype(v.dtype)
-
-
-def _row_prefill(
-  q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array
-) -> jax.Array:
-  """``cached_attention`` of several queries, one sequence at a time.
-
-  On CPU a sequence's scores against the whole cache stay in cache, which
-  is about 3x faster for a turn's prompt than the block loop (that loop
-  visits only the slots in use, and streams them: the better choice for
-  one query, and on accelerators).
-  """
-  t, n, h = q.shape[1:]
-  kv = k.shape[1]
-
-  def one(x):
-    qr, kr, vr, pr = x  # [T, N, H], [K, S, H], [K, S, H], [T]
-    qq = qr.astype(jnp.float32).reshape(t, kv, n // kv, h).transpose(1, 2, 0, 3)
-    s = jnp.einsum("KGTH,KSH->KGTS", qq / math.sqrt(h), kr.astype(jnp.float32))
-    ok = jnp.arange(kr.shape[1])[None, :] <= pr[:, None]
-    p = jax.nn.softmax(jnp.where(ok, s, -jnp.inf), axis=-1)
-    o = jnp.einsum("KGTS,KSH->KGTH", p, vr.astype(jnp.float32))
-    return o.transpose(2, 0, 1, 3).reshape(t, n, h).astype(v.dtype)
-
-  return jax.lax.map(one, (q, k, v, positions))
-
-
 def _param(
   rngs: nnx.Rngs,
   init: Any,
@@ -601,6 +408,7 @@ class Attention(nnx.Module):
       self.v_bias = _param(rngs, _zeros, (kv, hd), (ax.KV, ax.HEAD_DIM), p)
     self.qkv_bias = cfg.qkv_bias
     self.dtype = jnp.dtype(cfg.dtype)
+    self.implementation = cfg.attention
 
   def project(self, x: jax.Array, name: str) -> jax.Array:
     w = getattr(self, name)[...].astype(self.dtype)
@@ -620,7 +428,7 @@ class Attention(nnx.Module):
     k = rope(self.project(x, "k"), positions, inv_freq)
     v = self.project(x, "v")
     if cache is None:
-      out = causal_attention(q, k, v)
+      out = attention.causal(q, k, v, self.implementation)
       new_cache = None
     else:
       k_cache, v_cache = cache
@@ -631,7 +439,7 @@ class Attention(nnx.Module):
         new.astype(c.dtype), mode="drop"
       )
       k_cache, v_cache = write(k_cache, k), write(v_cache, v)
-      out = cached_attention(q, k_cache, v_cache, positions)
+      out = attention.cached(q, k_cache, v_cache, positions)
       new_cache = (k_cache, v_cache)
     o = self.o[...].astype(self.dtype)
     return jnp.einsum("BTNH,NHD->BTD", out, o), new_cache
@@ -736,8 +544,8 @@ class Transformer(nnx.Module):
         x, _ = nnx.merge(block_def, layer)(x, positions, inv_freq, None)
         return x, None
 
-      if cfg.remat:
-        run = jax.checkpoint(run)
+      if cfg.remat != "none":
+        run = jax.checkpoint(run, policy=REMAT_POLICIES[cfg.remat])
       x, _ = jax.lax.scan(run, x, stacked)
       new_cache = None
     else:

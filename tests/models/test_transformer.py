@@ -200,7 +200,7 @@ def test_jitted_forward_and_decode_step_compile_once():
   np.testing.assert_array_equal(np.asarray(cache1.length), [5, 5])
 
 
-def test_remat_gives_the_same_gradients_with_less_memory():
+def test_remat_policies_give_the_same_gradients_with_less_memory():
   tokens = jnp.asarray(random_tokens((2, 64), seed=4) % 61)
 
   def grads(remat):
@@ -215,40 +215,16 @@ def test_remat_gives_the_same_gradients_with_less_memory():
     temp = fn.lower(params).compile().memory_analysis().temp_size_in_bytes
     return jax.tree.leaves(fn(params)), temp
 
-  plain, plain_temp = grads(False)
-  remat, remat_temp = grads(True)
-  for a, b in zip(plain, remat, strict=True):
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6)
-  assert remat_temp < plain_temp
+  plain, plain_temp = grads("none")
+  for policy in ("dots", "full"):
+    remat, remat_temp = grads(policy)
+    for a, b in zip(plain, remat, strict=True):
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6)
+    assert remat_temp < plain_temp, policy
 
 
-@pytest.mark.parametrize(
-  "length, heads, kv_heads",
-  [(5, 4, 2), (128, 2, 2), (300, 6, 2), (16 * 128 + 40, 2, 1)],
-)
-def test_blocked_causal_attention_equals_full_attention(
-  length, heads, kv_heads
-):
-  # 16 * 128 + 40 tokens need more than MAX_CAUSAL_BLOCKS blocks of 128:
-  # the block size grows instead.
-  kq, kk, kv = jax.random.split(jax.random.key(length), 3)
-  q = jax.random.normal(kq, (2, length, heads, 16))
-  k = jax.random.normal(kk, (2, length, kv_heads, 16))
-  v = jax.random.normal(kv, (2, length, kv_heads, 16))
-  want = jax.nn.dot_product_attention(q, k, v, is_causal=True)
-  got = transformer.causal_attention(q, k, v)
-  np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
-  # Gradients with respect to queries, keys and values alike.
-  grads = lambda f: jax.grad(
-    lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v))), argnums=(0, 1, 2)
-  )(q, k, v)
-  reference = grads(
-    lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)
-  )
-  for name, got, want in zip(
-    "qkv", grads(transformer.causal_attention), reference, strict=True
-  ):
-    scale = float(jnp.max(jnp.abs(want)))
-    np.testing.assert_allclose(
-      got, want, atol=1e-4 * scale, rtol=1e-4, err_msg=f"d{name}"
-    )
+def test_unknown_remat_policy_and_attention_are_named():
+  with pytest.raises(ValueError, match="remat=True"):
+    transformer.preset("tiny", vocab_size=61, remat=True)
+  with pytest.raises(ValueError, match="attention='flash'"):
+    transformer.preset("tiny", vocab_size=61, attention="flash")

@@ -1,0 +1,118 @@
+"""Each attention kernel against XLA's reference, in values and in the
+gradients with respect to queries, keys and values."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from starpo_jax import sharding
+from starpo_jax.models import attention
+
+
+def _qkv(length, heads, kv_heads, head_dim=16, seed=0):
+  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+  q = jax.random.normal(kq, (2, length, heads, head_dim))
+  k = jax.random.normal(kk, (2, length, kv_heads, head_dim))
+  v = jax.random.normal(kv, (2, length, kv_heads, head_dim))
+  return q, k, v
+
+
+def _grads(fn, q, k, v):
+  return jax.jit(
+    jax.grad(lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v))), argnums=(0, 1, 2))
+  )(q, k, v)
+
+
+def _check(fn, q, k, v, tol):
+  want = attention.reference(q, k, v)
+  np.testing.assert_allclose(jax.jit(fn)(q, k, v), want, atol=tol, rtol=tol)
+  for name, got, want in zip(
+    "qkv",
+    _grads(fn, q, k, v),
+    _grads(attention.reference, q, k, v),
+    strict=True,
+  ):
+    scale = float(jnp.max(jnp.abs(want)))
+    np.testing.assert_allclose(
+      got, want, atol=5 * tol * scale, rtol=5 * tol, err_msg=f"d{name}"
+    )
+
+
+@pytest.mark.parametrize(
+  "length, heads, kv_heads",
+  [(5, 4, 2), (128, 2, 2), (300, 6, 2), (16 * 128 + 40, 2, 1)],
+)
+def test_blockwise_equals_reference(length, heads, kv_heads):
+  # 16 * 128 + 40 tokens need more than MAX_CAUSAL_BLOCKS blocks of 128:
+  # the block size grows instead.
+  _check(attention.blockwise, *_qkv(length, heads, kv_heads, seed=length), 2e-5)
+
+
+def test_splash_equals_reference_in_interpret_mode():
+  # 200 tokens pad to 256 (two blocks of 128); 4 query heads share 2 kv heads.
+  splash = functools.partial(attention.splash, interpret=True)
+  _check(splash, *_qkv(200, 4, 2, head_dim=64, seed=1), 2e-5)
+
+
+def test_splash_inside_shard_map_over_a_mesh():
+  # A one-device mesh still takes the shard_map path when traced for it.
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  q, k, v = _qkv(130, 2, 1, head_dim=32, seed=2)
+  splash = functools.partial(attention.splash, interpret=True)
+  np.testing.assert_allclose(
+    jax.jit(sharding.traced_for(mesh, splash))(q, k, v),
+    attention.reference(q, k, v),
+    atol=2e-5,
+  )
+
+
+@pytest.mark.parametrize(
+  "implementation, dtype, on, want",
+  [
+    ("auto", "float32", "cpu", "blockwise"),
+    ("auto", "bfloat16", "cpu", "blockwise"),
+    ("auto", "bfloat16", "gpu", "cudnn"),
+    ("auto", "float16", "gpu", "cudnn"),
+    ("auto", "float32", "gpu", "blockwise"),
+    ("auto", "float32", "tpu", "splash"),
+    ("auto", "bfloat16", "tpu", "splash"),
+    ("xla", "float32", "tpu", "xla"),
+    ("blockwise", "bfloat16", "gpu", "blockwise"),
+  ],
+)
+def test_choose_picks_the_platforms_kernel(implementation, dtype, on, want):
+  assert attention.choose(implementation, jnp.dtype(dtype), on) == want
+
+
+@pytest.mark.parametrize(
+  "implementation, dtype, on, match",
+  [
+    ("cudnn", "float32", "gpu", "bfloat16 or float16; this is gpu"),
+    ("cudnn", "bfloat16", "cpu", "needs a GPU"),
+    ("splash", "bfloat16", "gpu", "needs a TPU; this is gpu"),
+    ("flash", "bfloat16", "gpu", "attention='flash'"),
+  ],
+)
+def test_choose_refuses_what_the_platform_lacks(
+  implementation, dtype, on, match
+):
+  with pytest.raises(ValueError, match=match):
+    attention.choose(implementation, jnp.dtype(dtype), on)
+
+
+def test_platform_is_the_traced_meshs():
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  seen = []
+
+  def fn(x):
+    seen.append(attention.platform())
+    return x
+
+  jax.jit(sharding.traced_for(mesh, fn))(jnp.zeros(()))
+  jax.jit(sharding.traced_for(None, fn))(jnp.ones(()))
+  assert seen == [mesh.devices.flat[0].platform, jax.default_backend()]
