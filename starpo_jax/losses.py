@@ -37,6 +37,16 @@ def aggregate(loss: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
   return jnp.sum(per_seq * present) / jnp.maximum(jnp.sum(present), 1.0)
 
 
+def normaliser(mask: jax.Array, mode: str) -> jax.Array:
+  """What ``aggregate`` divides by (before its floor of 1): masked tokens
+  for ``token-mean``, sequences with any masked token otherwise. A loss
+  over a batch is the sum of its parts' losses, each weighted by its share
+  of this."""
+  if mode == "token-mean":
+    return jnp.sum(mask.astype(jnp.float32))
+  return jnp.sum(jnp.any(mask, axis=-1).astype(jnp.float32))
+
+
 def token_logprobs(
   logits: jax.Array,
   tokens: jax.Array,

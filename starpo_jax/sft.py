@@ -303,17 +303,18 @@ def make_sft_step(
     traj = expert_trajectories(
       env, codec, replies, cfg, key, on_batch, sft_cfg.expert
     )
+    objective = lambda p: imitation_loss(
+      p,
+      policy_def,
+      traj,
+      cfg.max_generated,
+      rollout_cfg.temperature,
+      codec.allowed,
+      logits_chunk,
+    )
     params, opt, stats, finite = apply_gradients(
       tx,
-      lambda p: imitation_loss(
-        p,
-        policy_def,
-        traj,
-        cfg.max_generated,
-        rollout_cfg.temperature,
-        codec.allowed,
-        logits_chunk,
-      ),
+      jax.value_and_grad(objective, has_aux=True),
       state.policy,
       state.policy_opt,
       jnp.any(traj.loss_mask),

@@ -54,6 +54,10 @@ class AlgoConfig:
   value_clip: float = 0.5
   epochs: int = 1
   minibatches: int = 4
+  # Tokens a forward and backward pass may hold at once: each minibatch is
+  # cut into as many micro-batches as that needs, their gradients summed
+  # (the same update, less memory). 0: the whole minibatch at once.
+  micro_batch_tokens: int = 0
   logits_chunk: int = 512  # sequence chunk for log-probabilities
 
   def __post_init__(self) -> None:
@@ -69,6 +73,8 @@ class AlgoConfig:
     for name in ("epochs", "minibatches", "logits_chunk"):
       if getattr(self, name) < 1:
         raise ValueError(f"algo: {name} must be >= 1")
+    if self.micro_batch_tokens < 0:
+      raise ValueError("algo: micro_batch_tokens must be >= 0 (0: no limit)")
 
   @property
   def uses_critic(self) -> bool:
@@ -444,14 +450,79 @@ def critic_objective(
   return loss, {"value_loss": loss, "value_clip_frac": clip_frac}
 
 
+Objective = Callable[[Any, Batch], tuple[jax.Array, dict[str, jax.Array]]]
+GradFn = Callable[[Any], tuple[tuple[jax.Array, dict[str, jax.Array]], Any]]
+
+
+def micro_batches(sequences: int, length: int, tokens: int) -> int:
+  """How many micro-batches a minibatch of ``sequences`` x ``length``
+  tokens is cut into so that each holds at most ``tokens`` (0: one).
+
+  Raises:
+    ValueError: naming ``algo.micro_batch_tokens`` when one sequence is
+      already over the budget.
+  """
+  if tokens <= 0:
+    return 1
+  if length > tokens:
+    raise ValueError(
+      f"algo: micro_batch_tokens={tokens} is less than one sequence of "
+      f"{length} tokens (rollout.max_context)"
+    )
+  per_micro = tokens // length
+  return next(
+    m
+    for m in range(1, sequences + 1)
+    if sequences % m == 0 and sequences // m <= per_micro
+  )
+
+
+def batch_gradients(
+  objective: Objective, batch: Batch, micro: int, aggregation: str
+) -> GradFn:
+  """``params -> ((loss, stats), grads)`` of ``objective(params, batch)``.
+
+  With ``micro > 1`` the batch is cut into ``micro`` equal micro-batches
+  whose gradients are computed one after another and summed, each weighted
+  by its share of the loss's normaliser (``losses.normaliser``): the same
+  loss and gradient as the whole batch at once (to float32 rounding), with
+  the activations of one micro-batch alive at a time. Statistics are
+  averaged with the same weights (exact for token means).
+  """
+  grad = jax.value_and_grad(objective, has_aux=True)
+  if micro == 1:
+    return lambda params: grad(params, batch)
+
+  def fn(params):
+    parts = jax.tree.map(
+      lambda x: x.reshape(micro, x.shape[0] // micro, *x.shape[1:]), batch
+    )
+    total = jnp.maximum(losses.normaliser(batch.mask, aggregation), 1.0)
+
+    def add(acc, mb):
+      w = losses.normaliser(mb.mask, aggregation) / total
+      out = grad(params, mb)
+      out = jax.tree.map(lambda x: w * x.astype(jnp.float32), out)
+      return jax.tree.map(jnp.add, acc, out), None
+
+    shapes = jax.eval_shape(grad, params, jax.tree.map(lambda x: x[0], parts))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes)
+    out, _ = jax.lax.scan(add, zeros, parts)
+    (loss, stats), grads = out
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    return (loss, stats), grads
+
+  return fn
+
+
 def apply_gradients(
   tx: optax.GradientTransformation,
-  objective: Callable[[Any], tuple[jax.Array, dict[str, jax.Array]]],
+  grad_fn: GradFn,
   params: Any,
   opt: Any,
   live: jax.Array,
 ) -> tuple[Any, Any, dict[str, jax.Array], jax.Array]:
-  """One optimizer step on ``objective(params)``.
+  """One optimizer step along ``grad_fn(params) -> ((loss, stats), grads)``.
 
   A non-finite loss or gradient leaves parameters and optimizer state as
   they were; with nothing to train on (``live`` false) no work is done.
@@ -462,7 +533,7 @@ def apply_gradients(
   """
 
   def step(params, opt):
-    (loss, stats), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    (loss, stats), grads = grad_fn(params)
     norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(norm)
     updates, new_opt = tx.update(grads, opt, params)
@@ -514,15 +585,22 @@ def update(
     statistics ``[epochs, minibatches]`` (``live``: it had tokens to train
     on; ``skipped``: its update was not finite).
   """
+  b, length = batch.tokens.shape
+  micro = micro_batches(b // algo.minibatches, length, algo.micro_batch_tokens)
 
   def train_minibatch(carry, mb: Batch):
     params, opt, c_params, c_opt = carry
     mb = constrain(mb)
     live = jnp.any(mb.mask)
+    grads = lambda objective: batch_gradients(
+      objective, mb, micro, algo.loss_agg
+    )
     params, opt, stats, finite = apply_gradients(
       learner.policy_tx,
-      lambda p: policy_objective(
-        p, learner.policy_def, mb, algo, temperature, allowed
+      grads(
+        lambda p, b: policy_objective(
+          p, learner.policy_def, b, algo, temperature, allowed
+        )
       ),
       params,
       opt,
@@ -531,7 +609,7 @@ def update(
     if algo.uses_critic:
       c_params, c_opt, c_stats, c_finite = apply_gradients(
         learner.critic_tx,
-        lambda p: critic_objective(p, learner.critic_def, mb, algo),
+        grads(lambda p, b: critic_objective(p, learner.critic_def, b, algo)),
         c_params,
         c_opt,
         live,

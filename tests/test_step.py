@@ -275,6 +275,66 @@ def test_the_update_steps_policy_and_critic_downhill(real):
   assert np.isfinite(real.stats["critic_grad_norm"][0, 0])
 
 
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batches_give_the_whole_batchs_loss_and_gradient(
+  real, aggregation
+):
+  # The batch holds the kept group and the dropped one: with 2 micro-batches
+  # one may have nothing to train on (its weight is then 0).
+  algo = dataclasses.replace(real.setup.algo, loss_agg=aggregation)
+
+  def at_once(micro):
+    fn = step_lib.batch_gradients(
+      lambda p, b: real.objective(p, b, algo), real.batch, micro, aggregation
+    )
+    return jax.jit(fn)(real.state.policy)
+
+  (want_loss, want_stats), want = at_once(1)
+  assert float(want_loss) != 0.0
+  for micro in (2, 8):
+    (loss, stats), grads = at_once(micro)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-7)
+    if aggregation == "token-mean":
+      np.testing.assert_allclose(
+        stats["approx_kl"], want_stats["approx_kl"], atol=1e-7
+      )
+    for got, ref_grad in zip(
+      jax.tree.leaves(grads), jax.tree.leaves(want), strict=True
+    ):
+      scale = float(np.max(np.abs(ref_grad))) + 1e-12
+      np.testing.assert_allclose(got, ref_grad, atol=1e-5 * scale, rtol=1e-4)
+
+
+def test_micro_batch_count_follows_the_token_budget():
+  assert step_lib.micro_batches(32, 1280, 0) == 1
+  assert step_lib.micro_batches(32, 1280, 32 * 1280) == 1
+  # 6 sequences fit in 8192 tokens; 4 a micro-batch is the largest that
+  # divides 32.
+  assert step_lib.micro_batches(32, 1280, 8192) == 8
+  assert step_lib.micro_batches(32, 1280, 1280) == 32
+  with pytest.raises(ValueError, match="micro_batch_tokens=1000"):
+    step_lib.micro_batches(32, 1280, 1000)
+
+
+def test_a_token_budget_trains_the_same_step():
+  setup = train.build(sokoban_config(**{"algo.micro_batch_tokens": 192}))
+  learner = train.make_learner(setup)
+  state = train.init_state(setup, learner)
+  step = train.compile_step(setup, state, learner)
+  want_setup, want_state, want_step = compiled()
+  state, metrics = step(state, setup.codec)
+  want_state, want_metrics = want_step(want_state, want_setup.codec)
+  for got, want in zip(
+    jax.tree.leaves(params_of(state)),
+    jax.tree.leaves(params_of(want_state)),
+    strict=True,
+  ):
+    np.testing.assert_allclose(got, want, atol=2e-6)
+  np.testing.assert_allclose(
+    metrics["train/pg_loss"], want_metrics["train/pg_loss"], rtol=1e-5
+  )
+
+
 @functools.cache
 def _driver_step():
   setup = train.build(sokoban_config())
