@@ -3,12 +3,19 @@
   python -m benchmarks.run --suite all            # tiny, ~8 min on 2 cores
   python -m benchmarks.run --suite iteration --model qwen2.5-0.5b
   python -m benchmarks.run --suite all --smoke --json out.json   # CI smoke
+  python -m benchmarks.run --suite rollout,update,iteration \
+    --model qwen2.5-0.5b --size ragen          # a GPU, bfloat16 on both sides
 
-Every row runs starpo-jax and a PyTorch baseline on the same workload in
-this one process, after a warm-up call, with the same number of threads
-(all cores), and gives both figures and their ratio. Models have random
-weights: the JAX policy is exported with ``starpo_jax.models.hf.save`` and
-loaded by ``transformers``, so both sides hold the same parameters.
+Every row runs starpo-jax and a PyTorch baseline on the same workload,
+each framework in its own process (JAX's allocator takes most of a GPU's
+memory at start; one process would starve the other), after a warm-up
+call, with the same number of threads (all cores), and gives both figures
+and their ratio. Models have random weights: the JAX side writes its
+policy with ``starpo_jax.models.hf.save`` and the PyTorch side loads it
+with ``transformers``, so both sides hold the same parameters, in the same
+dtype, each with its fused attention (cuDNN or splash for JAX, SDPA for
+PyTorch). ``--size ragen`` is RAGEN's Sokoban setting: 128 episodes of 5
+turns and 100 tokens, 2,048 tokens of context, bfloat16.
 
 Suites:
   env        Sokoban steps/s and levels/s: jitted, vmapped JAX against the
@@ -32,8 +39,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -93,12 +102,15 @@ def _rss() -> int:
     return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def roofline(smoke: bool) -> dict[str, float]:
-  """This machine's measured matrix-multiply FLOP/s and memory bandwidth."""
-  n = 512 if smoke else 2048
-  a = jnp.ones((n, n), jnp.float32)
+def roofline(size: str, dtype: str) -> dict[str, float]:
+  """This machine's measured matrix-multiply FLOP/s in ``dtype`` and
+  memory bandwidth (larger operands on accelerators, to reach their
+  peaks)."""
+  big = jax.default_backend() != "cpu"
+  n = 512 if size == "smoke" else 8192 if big else 2048
+  a = jnp.ones((n, n), dtype)
   _, seconds = common.time_jitted(jax.jit(lambda a: a @ a), a, repeats=5)
-  x = jnp.ones(((8 if smoke else 64) << 20,), jnp.float32)
+  x = jnp.ones(((8 if size == "smoke" else 1024 if big else 64) << 20,))
   _, read = common.time_jitted(jax.jit(jnp.sum), x, repeats=5)
   return {"matmul_flops": 2 * n**3 / seconds, "bandwidth": x.nbytes / read}
 
@@ -134,18 +146,28 @@ def forward_flops(
 
 
 # ----------------------------------------------------------------------------
-# The workload: one config, a JAX train state and the same weights in torch.
+# The workload: one config; the JAX side's train state and weights, which
+# the PyTorch side loads.
+
+SIZES = ("smoke", "cpu", "ragen")
 
 
 def workload(
-  model: str, smoke: bool, tokenizer_dir: str, replies: str = "short"
+  model: str,
+  size: str,
+  tokenizer_dir: str,
+  replies: str = "short",
+  dtype: str = "float32",
 ):
   """The Sokoban training config both sides run (GRPO without KL: the
   PyTorch baseline has no critic and no reference model).
 
-  ``replies="long"`` (rollout only) swaps the tiny model's short answers
-  for RAGEN's reply format: ``<think>`` and 100 new tokens a turn, on 32
-  episodes of 3 turns.
+  ``size``: ``"cpu"`` fits a 2-core CPU; ``"ragen"`` is RAGEN's Sokoban
+  setting for pretrained models (128 episodes of 5 turns, 100 new tokens a
+  turn, 2,048 tokens of context); ``"smoke"`` is the smallest that runs
+  every path (CI). ``replies="long"`` (rollout only) swaps the tiny
+  model's short answers for RAGEN's reply format: ``<think>`` and 100 new
+  tokens a turn, on 32 episodes of 3 turns.
   """
   c = sokoban.get_config(f"model={model},algo=grpo")
   c.algo.kl_coef = 0.0
@@ -155,14 +177,15 @@ def workload(
   # choose for the tiny model.
   c.rollout.prompt = "ragen"
   c.algo.loss_agg = "token-mean"
+  c.model.dtype = c.model.param_dtype = dtype
   if model == "tiny":
     c.rollout.max_context = 768
-  if model != "tiny":
-    # Random weights and the compact tokenizer (no download); float32 on
-    # both sides, as the CPU has no fast bfloat16.
+  else:
+    # Random weights and the compact tokenizer (no download).
     c.model.tokenizer = tokenizer_dir
-    c.model.dtype = c.model.param_dtype = "float32"
-    c.model.remat = "none"
+  if size != "ragen":
+    c.model.remat = "none"  # memory is not what limits these sizes
+  if model != "tiny" and size == "cpu":
     c.rollout.env_groups, c.rollout.group_size = 2, 2
     c.rollout.max_turns = 2
     c.rollout.max_new_tokens = 16
@@ -174,39 +197,39 @@ def workload(
     c.rollout.max_turns = 3
     c.rollout.max_new_tokens = 100
     c.rollout.max_context = 1024
-  if smoke:
+  if size == "smoke":
     c.model.hidden_size, c.model.intermediate_size = 64, 128
     c.model.num_heads, c.model.head_dim = 2, 32
     c.model.num_kv_heads = 1
     c.rollout.env_groups, c.rollout.group_size = 2, 2
     c.rollout.max_turns = 2
+    c.rollout.max_new_tokens = min(c.rollout.max_new_tokens, 16)
     c.rollout.max_context = 320
     c.algo.minibatches = 2
   return c
 
 
 class Pair:
-  """A JAX train state and the PyTorch model with the same weights."""
+  """One workload: its config and setup, the JAX train state (built on
+  the JAX side, which also writes its weights in Hugging Face format) and
+  the PyTorch model loaded from those weights (on the PyTorch side)."""
 
   def __init__(
     self,
     model: str,
-    smoke: bool,
+    size: str,
     workdir: str,
-    torch_device: str = "cpu",
     replies: str = "short",
+    dtype: str = "float32",
   ):
-    import torch
-    import transformers
-
-    from benchmarks.torch_baseline import starpo as tb
     from starpo_jax.models import tokenizer as tokenizer_lib
     from starpo_jax.text import prompt_pieces
 
     self.name = model
-    self.smoke = smoke
+    self.smoke = size == "smoke"
+    self.dtype = dtype
     tok_dir = os.path.join(workdir, "tokenizer")
-    if model != "tiny":
+    if model != "tiny" and not os.path.exists(tok_dir):
       spec = sokoban.get_config().rollout
       settings = rollout_lib.RolloutConfig(
         max_actions_per_turn=spec.max_actions_per_turn
@@ -217,20 +240,37 @@ class Pair:
         prompt_pieces(envs.make("sokoban").spec, settings)
       ).save(tok_dir)
     self.replies = replies
-    self.config = workload(model, smoke, tok_dir, replies)
+    self.config = workload(model, size, tok_dir, replies, dtype)
     self.setup = train.build(self.config)
     self.learner = train.make_learner(self.setup)
     self.policy_def = self.learner.policy_def
-    state = self.state = train.init_state(self.setup, self.learner)
     self.model_cfg = self.setup.model_cfg
-    model_dir = os.path.join(workdir, f"hf-{model}")
-    hf.save(nnx.merge(self.policy_def, state.policy), model_dir)
-    self.torch_model = transformers.AutoModelForCausalLM.from_pretrained(
-      model_dir, dtype=torch.float32
-    ).to(torch_device)
-    self.torch_cfg = tb.Config.from_setup(self.setup)
+    self.model_dir = os.path.join(workdir, f"hf-{model}-{dtype}")
     allowed = self.setup.codec.allowed
     self.allowed = None if allowed is None else np.asarray(allowed)
+    self.state = None
+    self.torch_model = None
+
+  def init_jax(self) -> None:
+    """The JAX train state; its policy's weights written for PyTorch."""
+    self.state = train.init_state(self.setup, self.learner)
+    if not os.path.exists(self.model_dir):
+      hf.save(nnx.merge(self.policy_def, self.state.policy), self.model_dir)
+
+  def init_torch(self, device: str) -> None:
+    """The PyTorch model with the JAX side's weights, in the same dtype,
+    with PyTorch's fused attention (SDPA: flash attention on GPUs)."""
+    import torch
+    import transformers
+
+    from benchmarks.torch_baseline import starpo as tb
+
+    self.torch_model = transformers.AutoModelForCausalLM.from_pretrained(
+      self.model_dir,
+      dtype=getattr(torch, self.dtype),
+      attn_implementation="sdpa",
+    ).to(device)
+    self.torch_cfg = tb.Config.from_setup(self.setup)
 
   def torch_loop(self, kind: str, compile: bool = False):
     """A PyTorch loop on these weights."""
@@ -246,17 +286,12 @@ class Pair:
       compile=compile,
     )
 
-  def release_jax(self) -> None:
-    """Frees the JAX train state (before the PyTorch side runs)."""
-    self.state = None
-    gc.collect()
-
   def describe(self) -> str:
     r = self.setup.rollout_cfg
     return (
-      f"{self.name} ({self.model_cfg.num_params() / 1e6:.1f}M), "
-      f"{r.batch} episodes x {r.max_turns} turns x {r.max_new_tokens} tokens"
-      + (" (think)" if r.enable_think else "")
+      f"{self.name} ({self.model_cfg.num_params() / 1e6:.1f}M, "
+      f"{self.dtype}), {r.batch} episodes x {r.max_turns} turns x "
+      f"{r.max_new_tokens} tokens" + (" (think)" if r.enable_think else "")
     )
 
 
@@ -305,7 +340,22 @@ def env_suite(smoke: bool, peak: dict[str, float]) -> list[dict[str, Any]]:
   return rows
 
 
-def rollout_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
+def rollout_baselines(pair: Pair) -> list[tuple[str, str, bool]]:
+  """(generator kind, label, torch.compile) of the rollout's baselines."""
+  return [
+    ("dynamic", "transformers generate + Python envs", False),
+    ("static", "static-cache loop + Python envs", False),
+    # torch.compile takes about a minute on a CPU, and made decoding slower
+    # there.
+    *(
+      []
+      if pair.smoke or pair.replies == "long"
+      else [("static", "static-cache loop, torch.compile + Python envs", True)]
+    ),
+  ]
+
+
+def rollout_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
   setup, cfg = pair.setup, pair.model_cfg
   play = jax.jit(
     lambda p, codec, k: rollout_lib.rollout(
@@ -333,31 +383,29 @@ def rollout_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
   )
   # Decoding reads every weight once per step for the whole batch, and each
   # token reads its episode's keys and values so far.
-  param_bytes = 4 * cfg.num_params()
-  kv_bytes = 2 * 4 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
+  size = jnp.dtype(cfg.dtype).itemsize
+  param_bytes = size * cfg.num_params()
+  kv_bytes = 2 * size * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
   steps = generated / setup.rollout_cfg.batch
   moved = (
     steps * param_bytes + generated * float(np.mean(lengths)) / 2 * kv_bytes
   )
-  jax_rate = generated / seconds
-  extra = dict(
+  return dict(
+    suite="rollout",
+    workload=pair.describe(),
+    metric="generated tokens/s",
+    jax=generated / seconds,
     compile_s=first - seconds,
     peak_gib=mem.gib,
     flops_frac=flops / seconds / peak["matmul_flops"],
     bandwidth_frac=moved / seconds / peak["bandwidth"],
     recompiled=play._cache_size() != 1,
   )
-  rows = []
-  for kind, label, compile in (
-    ("dynamic", "transformers generate + Python envs", False),
-    ("static", "static-cache loop + Python envs", False),
-    # torch.compile takes about a minute here, and made decoding slower.
-    *(
-      []
-      if pair.smoke or pair.replies == "long"
-      else [("static", "static-cache loop, torch.compile + Python envs", True)]
-    ),
-  ):
+
+
+def rollout_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
+  rates = []
+  for kind, label, compile in rollout_baselines(pair):
     loop = pair.torch_loop(kind, compile)
     counts = []
     _, t_seconds = timed(
@@ -366,23 +414,15 @@ def rollout_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
       ),
       repeats,
     )
-    t_rate = float(np.mean(counts[1:])) / t_seconds
-    rows.append(
-      _row(
-        "rollout", pair, "generated tokens/s", jax_rate, label, t_rate, **extra
-      )
-    )
-  return rows
+    rates.append((label, float(np.mean(counts[1:])) / t_seconds))
+  return rates
 
 
-def update_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
-  import torch
-
-  from benchmarks.torch_baseline import starpo as tb
-
-  setup, cfg, algo = pair.setup, pair.model_cfg, pair.setup.algo
-  r = setup.rollout_cfg
-  mb = r.batch // algo.minibatches
+def update_batch(pair: Pair) -> dict[str, np.ndarray]:
+  """A minibatch of the training shape where every generated token
+  trains, the same on both sides (seeded)."""
+  setup, r = pair.setup, pair.setup.rollout_cfg
+  mb = r.batch // setup.algo.minibatches
   length, gen = r.max_context, r.max_generated
   rng = np.random.default_rng(0)
   vocab = setup.tokenizer.vocab_size
@@ -397,9 +437,32 @@ def update_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
     # Generated tokens are ones the policy may emit.
     ok = np.flatnonzero(pair.allowed)
     np.put_along_axis(tokens, positions, rng.choice(ok, positions.shape), 1)
-  old_logp = -rng.uniform(0.5, 3.0, (mb, gen)).astype(np.float32)
-  adv = rng.normal(size=(mb, gen)).astype(np.float32)
-  temperature = r.temperature
+  return dict(
+    tokens=tokens,
+    positions=positions,
+    old_logp=-rng.uniform(0.5, 3.0, (mb, gen)).astype(np.float32),
+    adv=rng.normal(size=(mb, gen)).astype(np.float32),
+  )
+
+
+def update_workload(pair: Pair) -> str:
+  r = pair.setup.rollout_cfg
+  mb = r.batch // pair.setup.algo.minibatches
+  return (
+    f"{pair.name} ({pair.dtype}), minibatch {mb} x {r.max_context} tokens "
+    f"({r.max_generated} scored)"
+  )
+
+
+UPDATE_BASELINE = "same loss in PyTorch (AdamW)"
+
+
+def update_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
+  setup, cfg, algo = pair.setup, pair.model_cfg, pair.setup.algo
+  data = update_batch(pair)
+  mb, length = data["tokens"].shape
+  gen = data["positions"].shape[1]
+  temperature = setup.rollout_cfg.temperature
   allowed = setup.codec.allowed
 
   def loss_fn(params, batch):
@@ -422,17 +485,16 @@ def update_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
     in_shardings=(*placed, None),
     out_shardings=(*placed, None),
   )
-
-  zeros = np.zeros_like(old_logp)
+  zeros = jnp.zeros((mb, gen), jnp.float32)
   batch = step_lib.Batch(
-    tokens=jnp.asarray(tokens),
-    positions=jnp.asarray(positions),
-    mask=jnp.ones(positions.shape, bool),
-    old_logp=jnp.asarray(old_logp),
-    ref_logp=jnp.asarray(zeros),
-    advantages=jnp.asarray(adv),
-    returns=jnp.asarray(zeros),
-    values=jnp.asarray(zeros),
+    tokens=jnp.asarray(data["tokens"]),
+    positions=jnp.asarray(data["positions"]),
+    mask=jnp.ones((mb, gen), bool),
+    old_logp=jnp.asarray(data["old_logp"]),
+    ref_logp=zeros,
+    advantages=jnp.asarray(data["adv"]),
+    returns=zeros,
+    values=zeros,
   )
   # Donated: each suite has a Pair of its own.
   carry = {"params": pair.state.policy, "opt": pair.state.policy_opt}
@@ -445,22 +507,39 @@ def update_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
   with PeakMemory() as mem:
     first, seconds = timed(run, repeats)
   trained = mb * length
-  recompiled = update._cache_size() != 1
-  carry.clear()
-  pair.release_jax()
   flops = 3 * forward_flops(
     cfg, trained, mb * gen, mb * length * (length + 1) / 2
   )
+  return dict(
+    suite="update",
+    workload=update_workload(pair),
+    metric="trained tokens/s",
+    jax=trained / seconds,
+    compile_s=first - seconds,
+    peak_gib=mem.gib,
+    flops_frac=flops / seconds / peak["matmul_flops"],
+    recompiled=update._cache_size() != 1,
+  )
+
+
+def update_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
+  import torch
+
+  from benchmarks.torch_baseline import starpo as tb
+
+  data = update_batch(pair)
+  mb, length = data["tokens"].shape
+  gen = data["positions"].shape[1]
   opt = tb.optimizer(pair.torch_model, pair.torch_cfg)
   dev = tb.model_device(pair.torch_model)
   t_allowed = None if pair.allowed is None else torch.as_tensor(pair.allowed)
   t_allowed = None if t_allowed is None else t_allowed.to(dev)
   pick = dict(
-    tokens=torch.as_tensor(tokens).long(),
+    tokens=torch.as_tensor(data["tokens"]).long(),
     attention_mask=torch.ones(mb, length, dtype=torch.long),
-    positions=torch.as_tensor(positions).long(),
-    old_logp=torch.as_tensor(old_logp),
-    adv=torch.as_tensor(adv),
+    positions=torch.as_tensor(data["positions"]).long(),
+    old_logp=torch.as_tensor(data["old_logp"]),
+    adv=torch.as_tensor(data["adv"]),
     mask=torch.ones(mb, gen, dtype=torch.bool),
   )
   pick = {k: v.to(dev) for k, v in pick.items()}
@@ -471,23 +550,16 @@ def update_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
     ),
     repeats,
   )
-  return [
-    _row(
-      "update",
-      f"{pair.name}, minibatch {mb} x {length} tokens ({gen} scored)",
-      "trained tokens/s",
-      trained / seconds,
-      "same loss in PyTorch (AdamW)",
-      trained / t_seconds,
-      compile_s=first - seconds,
-      peak_gib=mem.gib,
-      flops_frac=flops / seconds / peak["matmul_flops"],
-      recompiled=recompiled,
-    )
-  ]
+  return [(UPDATE_BASELINE, mb * length / t_seconds)]
 
 
-def iteration_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
+ITERATION_BASELINES = (
+  ("dynamic", "torch_baseline: generate + Python envs"),
+  ("static", "torch_baseline: static-cache loop"),
+)
+
+
+def iteration_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
   setup = pair.setup
   step = train.compile_step(setup, pair.state, pair.learner)
   holder = {"state": pair.state}
@@ -499,34 +571,109 @@ def iteration_suite(pair: Pair, peak, repeats: int) -> list[dict[str, Any]]:
 
   with PeakMemory() as mem:
     first, seconds = timed(run, repeats)
-  extra = dict(
+  return dict(
+    suite="iteration",
+    workload=pair.describe(),
+    metric="iterations/s",
+    jax=1 / seconds,
     compile_s=first - seconds,
     peak_gib=mem.gib,
     recompiled=step._cache_size() != 1,
     jax_tokens=float(np.mean(tokens[1:])),
   )
-  holder.clear()
-  pair.release_jax()
-  rows = []
-  for kind, label, compile in (
-    ("dynamic", "torch_baseline: generate + Python envs", False),
-    # Uncompiled: torch.compile makes this CPU's decoding slower (see the
-    # rollout rows).
-    ("static", "torch_baseline: static-cache loop", False),
-  ):
-    loop = pair.torch_loop(kind, compile)
+
+
+def iteration_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
+  rates = []
+  # Uncompiled: torch.compile made a CPU's decoding slower (the rollout
+  # rows).
+  for kind, label in ITERATION_BASELINES:
+    loop = pair.torch_loop(kind)
     _, t_seconds = timed(loop.iteration, repeats)
     del loop  # its optimizer state
-    rows.append(
-      _row(
-        "iteration",
-        pair,
-        "iterations/s",
-        1 / seconds,
-        label,
-        1 / t_seconds,
-        **extra,
+    rates.append((label, 1 / t_seconds))
+  return rates
+
+
+SIDES = {
+  "rollout": (rollout_jax, rollout_torch),
+  "update": (update_jax, update_torch),
+  "iteration": (iteration_jax, iteration_torch),
+}
+
+
+def merge(
+  jax_rows: list[dict[str, Any]], torch_rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+  """Rows of both sides: each JAX measurement beside each of its
+  baselines (the env suite's rows are whole already)."""
+  rows = [r for r in jax_rows if r["suite"] == "env"]
+  halves = [r for r in jax_rows if r["suite"] != "env"]
+  if len(halves) != len(torch_rows):
+    raise RuntimeError(
+      f"{len(halves)} JAX measurements but {len(torch_rows)} PyTorch ones"
+    )
+  for half, baselines in zip(halves, torch_rows, strict=True):
+    if (half["suite"], half["workload"]) != (
+      baselines["suite"],
+      baselines["workload"],
+    ):
+      raise RuntimeError(f"the sides measured different workloads: {half}")
+    for label, value in baselines["rates"]:
+      extra = {k: v for k, v in half.items() if k not in ("suite", "workload")}
+      extra.pop("metric")
+      extra.pop("jax")
+      rows.append(
+        _row(
+          half["suite"],
+          half["workload"],
+          half["metric"],
+          half["jax"],
+          label,
+          value,
+          **extra,
+        )
       )
+  return rows
+
+
+def run_side(args, side: str, workdir: str, peak) -> list[dict[str, Any]]:
+  """This process's side of every suite; fresh pairs per suite (the update
+  and iteration donate the JAX state)."""
+  rows: list[dict[str, Any]] = []
+  for suite in args.suites:
+    t0 = time.perf_counter()
+    if suite == "env":
+      if side == "jax":
+        rows += env_suite(args.size == "smoke", peak)
+      continue
+    long_too = (
+      suite == "rollout" and args.model == "tiny" and args.size == "cpu"
+    )
+    for replies in ("short", "long") if long_too else ("short",):
+      pair = Pair(args.model, args.size, workdir, replies, args.dtype)
+      jax_fn, torch_fn = SIDES[suite]
+      if side == "jax":
+        pair.init_jax()
+        rows.append(jax_fn(pair, peak, args.repeats))
+      else:
+        pair.init_torch(args.torch_device)
+        workload = (
+          update_workload(pair) if suite == "update" else pair.describe()
+        )
+        rows.append(
+          dict(
+            suite=suite,
+            workload=workload,
+            rates=torch_fn(pair, args.repeats),
+          )
+        )
+      del pair
+      gc.collect()
+    print(
+      f"  {side} {suite}: {time.perf_counter() - t0:.0f} s",
+      file=sys.stderr,
+      flush=True,
     )
   return rows
 
@@ -572,6 +719,35 @@ def table(rows: list[dict[str, Any]]) -> str:
   )
 
 
+def _child(args, side: str, workdir: str) -> dict[str, Any]:
+  """Runs ``side`` in its own process (JAX's allocator would starve
+  PyTorch of accelerator memory in a shared one) and returns its JSON."""
+  out = os.path.join(workdir, f"{side}.json")
+  cmd = [
+    sys.executable,
+    "-m",
+    "benchmarks.run",
+    f"--side={side}",
+    f"--workdir={workdir}",
+    f"--json={out}",
+    f"--suite={','.join(args.suites)}",
+    f"--model={args.model}",
+    f"--size={args.size}",
+    f"--dtype={args.dtype}",
+    f"--repeats={args.repeats}",
+  ]
+  if args.torch_device:
+    cmd.append(f"--torch-device={args.torch_device}")
+  env = dict(os.environ)
+  if side == "torch":
+    env["JAX_PLATFORMS"] = "cpu"  # the config's small arrays stay off the GPU
+  else:
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+  subprocess.run(cmd, env=env, check=True)
+  with open(out) as f:
+    return json.load(f)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(
     description=__doc__.splitlines()[0],
@@ -584,9 +760,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     help=f"all, or a comma-separated list of {', '.join(SUITES)}",
   )
   parser.add_argument("--model", default="tiny", choices=MODELS)
+  parser.add_argument("--size", default="cpu", choices=SIZES)
+  parser.add_argument(
+    "--dtype",
+    default=None,
+    choices=("float32", "bfloat16"),
+    help="both sides' compute and parameter dtype (default: bfloat16 at "
+    "--size ragen, else float32)",
+  )
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument(
-    "--smoke", action="store_true", help="small sizes, one repeat (for CI)"
+    "--smoke", action="store_true", help="--size smoke, one repeat (for CI)"
   )
   parser.add_argument("--json", default=None, help="write the results here")
   parser.add_argument(
@@ -594,68 +778,78 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     default=None,
     help="where the PyTorch baseline runs (default: cuda when available)",
   )
+  parser.add_argument(
+    "--side", choices=("jax", "torch"), help=argparse.SUPPRESS
+  )
+  parser.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
-  import torch
-
-  if args.torch_device is None:
-    args.torch_device = "cuda" if torch.cuda.is_available() else "cpu"
-
-  # The same threads on both sides: XLA's CPU backend uses every core.
-  torch.set_num_threads(os.cpu_count() or 1)
-  warnings.filterwarnings("ignore")
+  if args.smoke:
+    args.size, args.repeats = "smoke", 1
+  if args.dtype is None:
+    args.dtype = "bfloat16" if args.size == "ragen" else "float32"
   suites = SUITES if args.suite == "all" else tuple(args.suite.split(","))
   unknown = sorted(set(suites) - set(SUITES))
   if unknown:
     parser.error(f"unknown suite(s) {unknown}; expected {SUITES} or all")
-  repeats = 1 if args.smoke else args.repeats
+  args.suites = suites
+  warnings.filterwarnings("ignore")
+
+  if args.side == "jax":
+    peak = roofline(args.size, args.dtype)
+    rows = run_side(args, "jax", args.workdir, peak)
+    common.write_json(
+      args.json, {"peak": peak, "rows": rows, "pid": os.getpid()}
+    )
+    return {}
+  if args.side == "torch":
+    import torch
+
+    if args.torch_device is None:
+      args.torch_device = "cuda" if torch.cuda.is_available() else "cpu"
+    # The same threads on both sides: XLA's CPU backend uses every core.
+    torch.set_num_threads(os.cpu_count() or 1)
+    rows = run_side(args, "torch", args.workdir, None)
+    common.write_json(
+      args.json,
+      {
+        "rows": rows,
+        "torch_threads": torch.get_num_threads(),
+        "torch_device": args.torch_device,
+        "pid": os.getpid(),
+      },
+    )
+    return {}
+
   start = time.perf_counter()
-  peak = roofline(args.smoke)
   print(f"machine: {common.machine()}", flush=True)
+  with tempfile.TemporaryDirectory() as workdir:
+    # JAX first: it writes the weights the PyTorch side loads.
+    jax_side = _child(args, "jax", workdir)
+    torch_side = _child(args, "torch", workdir)
+  peak = jax_side["peak"]
   print(
-    f"measured peaks: {peak['matmul_flops'] / 1e9:.0f} GFLOP/s float32 "
+    f"measured peaks: {peak['matmul_flops'] / 1e9:.0f} GFLOP/s {args.dtype} "
     f"matmul, {peak['bandwidth'] / 1e9:.1f} GB/s read",
     flush=True,
   )
-  rows: list[dict[str, Any]] = []
-  with tempfile.TemporaryDirectory() as workdir:
-    for suite in suites:
-      t0 = time.perf_counter()
-      if suite == "env":
-        rows += env_suite(args.smoke, peak)
-      else:
-        # A fresh pair per suite: the update and iteration donate the
-        # JAX state, and a 0.5B model's optimizer states on both sides
-        # would not fit together in 24 GB.
-        fn = {
-          "rollout": rollout_suite,
-          "update": update_suite,
-          "iteration": iteration_suite,
-        }[suite]
-        long_too = (
-          suite == "rollout" and args.model == "tiny" and not args.smoke
-        )
-        for replies in ("short", "long") if long_too else ("short",):
-          pair = Pair(
-            args.model, args.smoke, workdir, args.torch_device, replies
-          )
-          rows += fn(pair, peak, repeats)
-          del pair
-        gc.collect()
-      print(
-        f"  {suite}: {time.perf_counter() - t0:.0f} s",
-        file=sys.stderr,
-        flush=True,
-      )
+  rows = merge(jax_side["rows"], torch_side["rows"])
   total = time.perf_counter() - start
   print(table(rows))
   print(f"\ntotal {total:.0f} s")
   payload = {
     "machine": common.machine(),
-    "torch_threads": torch.get_num_threads(),
+    # Each framework ran in its own process (and neither in this one).
+    "pids": {
+      "jax": jax_side["pid"],
+      "torch": torch_side["pid"],
+      "parent": os.getpid(),
+    },
+    "torch_threads": torch_side["torch_threads"],
+    "torch_device": torch_side["torch_device"],
     "peak": peak,
     "rows": rows,
     "seconds": total,
-    "args": vars(args),
+    "args": {k: v for k, v in vars(args).items() if k not in ("side",)},
   }
   common.write_json(args.json, payload)
   return payload

@@ -1,10 +1,12 @@
 """``python -m benchmarks.run --smoke``: every suite runs end to end, each
-row compares the same workload on both sides, and nothing recompiles."""
+framework in its own process, each row compares the same workload on both
+sides, and nothing recompiles."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -28,8 +30,9 @@ def test_smoke_run_reports_every_suite(tmp_path):
   for r in rows:
     for key in ("jax", "torch", "compile_s", "peak_gib"):
       assert math.isfinite(r[key]) and r[key] > 0, (r, key)
-    assert r["ratio"] == pytest.approx(r["jax"] / r["torch"])
     assert not r.get("recompiled", False), r
+  pids = result["pids"]
+  assert len({pids["jax"], pids["torch"], pids["parent"], os.getpid()}) == 4
   baselines = {(r["suite"], r["baseline"]) for r in rows}
   assert ("env", "gym-sokoban") in baselines
   assert ("rollout", "transformers generate + Python envs") in baselines
@@ -44,3 +47,21 @@ def test_unknown_suite_is_named(capsys):
   with pytest.raises(SystemExit):
     run.main(["--suite", "env,rolout"])
   assert "unknown suite(s) ['rolout']" in capsys.readouterr().err
+
+
+def test_merge_pairs_each_measurement_with_its_own_workloads_baselines():
+  half = dict(suite="update", workload="tiny, minibatch 2", metric="t/s")
+  jax_rows = [dict(half, jax=30.0, compile_s=1.0, peak_gib=0.5)]
+  rows = run.merge(
+    jax_rows,
+    [
+      dict(
+        suite="update",
+        workload="tiny, minibatch 2",
+        rates=[("a", 10.0), ("b", 60.0)],
+      )
+    ],
+  )
+  assert [(r["baseline"], r["ratio"]) for r in rows] == [("a", 3.0), ("b", 0.5)]
+  with pytest.raises(RuntimeError, match="different workloads"):
+    run.merge(jax_rows, [dict(suite="update", workload="0.5b", rates=[])])

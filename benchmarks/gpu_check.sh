@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Everything a lent GPU (one H200) is for, in one script: the tiny and the
+# Qwen2.5-0.5B rows of rollout, update and iteration at RAGEN's sizes
+# (bfloat16; JAX and PyTorch each in its own process), then the 2,000-step
+# learning run (benchmarks/gpu_learning.sh). Writes JSON to OUT.
+#
+#   bash benchmarks/gpu_check.sh [OUT]
+#
+# The H200 image has jax, flax, optax, orbax, torch and transformers but
+# reaches no package registry: WHEELS=DIR installs the rest (ml-collections,
+# tensorboardX, gym, gym-sokoban) from wheels brought along. SMOKE=1 runs
+# the smallest sizes and the tiny model only (tried on a CPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/gpu-check}
+mkdir -p "$out"
+if [ -n "${WHEELS:-}" ]; then
+  python -m pip install --no-index --find-links "$WHEELS" \
+    ml-collections tensorboardX gym gym-sokoban
+fi
+size=ragen
+models=(tiny qwen2.5-0.5b)
+learn=()
+if [ -n "${SMOKE:-}" ]; then
+  size=smoke
+  models=(tiny)
+  learn=(--config.sft.steps=2 --config.train.steps=2
+    --config.train.eval_episodes=32)
+fi
+start=$SECONDS
+for model in "${models[@]}"; do
+  python -m benchmarks.run --suite rollout,update,iteration --repeats 1 \
+    --model "$model" --size "$size" --json "$out/bench-$model.json"
+  echo "gpu_check: $model rows done at $((SECONDS - start)) s"
+done
+WHEELS='' bash benchmarks/gpu_learning.sh "$out/learning" "${learn[@]}"
+echo "gpu_check: $((SECONDS - start)) s in all; JSON in $out"
