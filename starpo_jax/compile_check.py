@@ -169,6 +169,8 @@ def check(config, shape: tuple[int, ...], devices) -> dict:
     "dtype": m.dtype,
     "remat": m.remat,
     "attention": attention.choose(m.attention, m.dtype, devices[0].platform),
+    # Pallas/Mosaic kernels in the program (splash attention on TPU).
+    "tpu_kernels": lowered.as_text().count("tpu_custom_call"),
     "policy_parameters": count,
     "compile_s": seconds,
     "param_bytes": params,

@@ -68,6 +68,8 @@ def test_step_compiles_for_a_tpu_topology(tmp_path):
   assert out.returncode == 0, out.stderr[-4000:]
   (r,) = json.loads(report.read_text())
   assert (r["platform"], r["devices"], r["attention"]) == ("tpu", 4, "splash")
+  # Splash attention's kernels, forward and backward, are in the program.
+  assert r["tpu_kernels"] >= 2
   assert r["hbm_bytes"] == 16 * 1024**3
   assert 0 < r["param_bytes"] < r["peak_bytes"] < r["hbm_bytes"]
   assert "chip memory" in out.stdout and "fits" in out.stdout
