@@ -225,6 +225,8 @@ class Pair:
     from starpo_jax.models import tokenizer as tokenizer_lib
     from starpo_jax.text import prompt_pieces
 
+    if size not in SIZES:
+      raise ValueError(f"size {size!r} is not one of {SIZES}")
     self.name = model
     self.smoke = size == "smoke"
     self.dtype = dtype

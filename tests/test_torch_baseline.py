@@ -22,7 +22,10 @@ from starpo_jax import step as step_lib
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-  return run.Pair("tiny", True, str(tmp_path_factory.mktemp("pair")))
+  pair = run.Pair("tiny", "smoke", str(tmp_path_factory.mktemp("pair")))
+  pair.init_jax()
+  pair.init_torch("cpu")
+  return pair
 
 
 def _batch(pair, seed=0):
