@@ -19,6 +19,7 @@ from starpo_jax.filtering import FilterConfig
 from starpo_jax.rollout import RolloutConfig
 from starpo_jax.sft import SftConfig
 from starpo_jax.step import AlgoConfig
+from starpo_jax.stopping import StopConfig
 
 # --config=FILE:key=value,... keys and their defaults.
 ARG_DEFAULTS = {"model": "tiny", "ckpt": "", "algo": "starpo_s"}
@@ -114,6 +115,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Start from the policy of another run's latest checkpoint (its workdir),
   # e.g. a warm start, instead of a fresh model; ignored when resuming.
   c.train.init_from = ""
+  # Early stopping rules (stopping.py), off by default:
+  # --config.train.early_stop.enabled=True turns on all three.
+  c.train.early_stop = _section(StopConfig)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 fills the rest

@@ -31,6 +31,7 @@ from starpo_jax import (
   rollout,
   sft,
   sharding,
+  stopping,
   text,
 )
 from starpo_jax import logging as log_lib
@@ -59,6 +60,7 @@ class Setup:
   algo: AlgoConfig
   filter_cfg: filtering.FilterConfig
   sft_cfg: sft.SftConfig
+  stop_cfg: stopping.StopConfig
   model_cfg: transformer.ModelConfig
   codec: text.Codec
   eval_codecs: dict[str, text.Codec]
@@ -107,6 +109,9 @@ def build(
   algo = _dataclass_from(AlgoConfig, config.algo, "algo")
   filter_cfg = _dataclass_from(filtering.FilterConfig, config.filter, "filter")
   sft_cfg = _dataclass_from(sft.SftConfig, config.sft, "sft")
+  stop_cfg = _dataclass_from(
+    stopping.StopConfig, config.train.early_stop, "train.early_stop"
+  )
   if rcfg.batch % algo.minibatches:
     raise ConfigError(
       f"config.algo.minibatches={algo.minibatches} must divide the "
@@ -192,6 +197,7 @@ def build(
     algo=algo,
     filter_cfg=filter_cfg,
     sft_cfg=sft_cfg,
+    stop_cfg=stop_cfg,
     model_cfg=model_cfg,
     codec=codec,
     eval_codecs=eval_codecs,
@@ -465,6 +471,13 @@ class _Run:
     if self.primary:
       print(line, flush=True)
 
+  def stop_early(self, step: int, reason: str) -> None:
+    line = f"early stop at step {step}: {reason}"
+    self.print(line)
+    if self.primary:
+      with open(os.path.join(self.workdir, "early_stop.txt"), "w") as f:
+        f.write(line + "\n")
+
   def evaluate(self, step: int, params: Any) -> dict[str, float]:
     t0 = time.perf_counter()
     metrics, transcripts = self.evaluator(params)
@@ -573,6 +586,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     ConfigError: a bad setting or workdir, before anything compiles.
     NonFiniteError: too many consecutive non-finite steps (the last good
       checkpoint is kept).
+
+  An early-stopping rule that fires (``config.train.early_stop``,
+  ``stopping.py``) ends the run at that step with a checkpoint; the reason
+  is printed, written to ``workdir/early_stop.txt`` and returned.
   """
   t_run = time.perf_counter()
   setup = build(config)
@@ -585,6 +602,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   compiled = {}
   codec = sharding.replicate(setup.codec, setup.mesh)
   last: dict[str, float] = {}
+  stopper = stopping.EarlyStop(setup.stop_cfg)
+  stopped = None
   step = int(sharding.local_value(state.step))
   if step == 0 and r.evaluating(0):
     first = r.evaluate(0, state.policy)
@@ -605,7 +624,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         policy_opt=optimizer_state(learner.policy_tx, state.policy, setup.mesh)
       )
     evaluating = r.evaluating(step)
-    if not (evaluating or step % config.train.log_every == 0):
+    watching = setup.stop_cfg.enabled and phase == "rl"
+    if not (evaluating or watching or step % config.train.log_every == 0):
       continue
     metrics = {k: float(sharding.local_value(v)) for k, v in metrics.items()}
     metrics["time/step_s"] = time.perf_counter() - t0
@@ -623,14 +643,22 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       r.print(f"after {step} warm-start steps: {r.describe(metrics)}")
     last = metrics
     r.check_finite(step, metrics)
-    if r.checkpointing(step):
+    if watching:
+      stopped = stopper.after_step(metrics)
+      if stopped is None and "eval/success" in metrics:
+        stopped = stopper.after_eval(metrics["eval/success"])
+    if r.checkpointing(step) or stopped:
       r.ckpt.save(step, state)
+    if stopped:
+      r.stop_early(step, stopped)
+      break
   r.close()
   summary = {
     "steps": step,
     "seconds": time.perf_counter() - t_run,
     "final": last,
     "eval_success": r.evals,
+    "early_stop": stopped,
   }
   if "eval/success" in last:
     r.print(
