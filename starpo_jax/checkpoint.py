@@ -76,13 +76,16 @@ class Checkpointer:
     self.manager.close()
 
 
-def load_policy(directory: str) -> tuple[int, dict[str, Any]]:
-  """The policy parameters (a pure dict) of the latest checkpoint in
-  ``directory`` (a run's workdir or its ``checkpoints`` folder), read
-  without touching it.
+def load_policy(
+  directory: str, step: int | None = None
+) -> tuple[int, dict[str, Any]]:
+  """The policy parameters (a pure dict) of the checkpoint at ``step``
+  (default: the latest) in ``directory`` (a run's workdir or its
+  ``checkpoints`` folder), read without touching it.
 
   Raises:
-    FileNotFoundError: no checkpoint there.
+    FileNotFoundError: no checkpoint there, or none at ``step`` (the
+      message lists the steps there are).
   """
   for where in (os.path.join(directory, "checkpoints"), directory):
     if not os.path.isdir(where):
@@ -90,10 +93,17 @@ def load_policy(directory: str) -> tuple[int, dict[str, Any]]:
     manager = ocp.CheckpointManager(
       where, options=ocp.CheckpointManagerOptions(create=False)
     )
-    step = manager.latest_step()
-    if step is not None:
-      saved = manager.restore(step, args=ocp.args.StandardRestore())
+    steps = sorted(manager.all_steps())
+    if not steps:
       manager.close()
-      return step, saved["policy"]
+      continue
+    if step is not None and step not in steps:
+      manager.close()
+      raise FileNotFoundError(
+        f"no checkpoint at step {step} in {where!r}; it has steps {steps}"
+      )
+    chosen = steps[-1] if step is None else step
+    saved = manager.restore(chosen, args=ocp.args.StandardRestore())
     manager.close()
+    return chosen, saved["policy"]
   raise FileNotFoundError(f"no checkpoint in {directory!r}")

@@ -112,6 +112,7 @@ class Trajectory:
   turn_valid: jax.Array  # [B, K] bool: some action, and every part valid
   turn_effective: jax.Array  # [B, K] bool: an executed action changed state
   turn_penalized: jax.Array  # [B, K] bool: the format penalty applied
+  turn_actions: jax.Array  # [B, K, A] int32 actions executed, -1 after
   num_actions: jax.Array  # [B] int32 actions executed
   episode_return: jax.Array  # [B] float32
   success: jax.Array  # [B] bool
@@ -393,7 +394,7 @@ def rollout(
         jnp.where(go, ts.success, success),
         jnp.where(go, ts.terminated, terminated),
         unavailable + (go & ~ts.valid),
-      ), None
+      ), jnp.where(go, action, -1)
 
     init = (
       c.states,
@@ -416,7 +417,7 @@ def rollout(
         terminated,
         unavailable,
       ),
-      _,
+      executed,
     ) = jax.lax.scan(act, init, jnp.arange(cfg.max_actions_per_turn))
     # An action name the environment does not offer in this state (the
     # bandit's arms are two of many names) is invalid, as in RAGEN, where
@@ -458,11 +459,12 @@ def rollout(
       valid=active & (num_valid > 0) & (num_valid == parsed.num_parts),
       effective=active & effective,
       penalized=penalized,
+      actions=executed.T,  # [B, A]
     )
     return new_c, per_turn
 
   c, per_turn = jax.lax.scan(turn_body, carry, jnp.arange(k_turns))
-  per_turn = jax.tree.map(lambda x: x.T, per_turn)  # [B, K]
+  per_turn = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), per_turn)  # [B, K]
   crop = lambda x: x[:, :length]
   return Trajectory(
     tokens=crop(c.tokens),
@@ -479,6 +481,7 @@ def rollout(
     turn_valid=per_turn["valid"],
     turn_effective=per_turn["effective"],
     turn_penalized=per_turn["penalized"],
+    turn_actions=per_turn["actions"],
     num_actions=c.used,
     episode_return=jnp.sum(per_turn["reward"], axis=-1),
     success=c.success & c.terminated,

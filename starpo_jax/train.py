@@ -12,6 +12,7 @@ the steps an uninterrupted run would take.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from typing import Any
@@ -38,6 +39,9 @@ from starpo_jax import logging as log_lib
 from starpo_jax.models import hf, transformer
 from starpo_jax.models import tokenizer as tokenizer_lib
 from starpo_jax.step import AlgoConfig, Learner, TrainState, make_step
+
+# The run's config, as JSON, in its workdir.
+CONFIG_FILE = "config.json"
 
 
 class ConfigError(ValueError):
@@ -377,20 +381,32 @@ def _check_workdir(workdir: str) -> None:
     raise ConfigError(f"workdir {workdir!r} is not writable: {e}") from None
 
 
-def make_evaluator(setup: Setup, learner: Learner) -> evaluate.Evaluator:
-  """Held-out evaluation as the config asks for it."""
+def make_evaluator(
+  setup: Setup,
+  learner: Learner,
+  *,
+  episodes: int | None = None,
+  temperatures: tuple[float, ...] | None = None,
+  transcripts: bool | None = None,
+  samples: int = 1,
+) -> evaluate.Evaluator:
+  """Held-out evaluation as the config asks for it; the keywords override
+  the config's ``train.eval_episodes``, ``eval_temperatures`` and
+  ``transcripts``."""
   t = setup.config.train
+  pick = lambda value, default: default if value is None else value
   return evaluate.Evaluator(
     envs=setup.eval_envs,
     codecs=setup.eval_codecs,
     rollout_cfg=setup.rollout_cfg,
     policy_def=learner.policy_def,
-    episodes=t.eval_episodes,
-    temperatures=tuple(t.eval_temperatures),
+    episodes=pick(episodes, t.eval_episodes),
+    temperatures=tuple(pick(temperatures, t.eval_temperatures)),
     seed=setup.config.seed,
     tokenizer=setup.tokenizer,
-    transcripts=t.transcripts,
+    transcripts=pick(transcripts, t.transcripts),
     mesh=setup.mesh,
+    samples=samples,
   )
 
 
@@ -454,6 +470,10 @@ class _Run:
     self.progress = log_lib.Progress(self.total, enabled=self.primary)
     self.evaluator = make_evaluator(setup, learner) if self.every else None
     self.evals: dict[int, float] = {}
+    if self.primary:
+      # What `python -m starpo_jax.evaluate --workdir` rebuilds the run from.
+      with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
+        f.write(c.to_json_best_effort(indent=1, sort_keys=True))
 
   @property
   def every(self) -> int:
@@ -530,33 +550,44 @@ class _Run:
     self.progress.close()
 
 
-def policy_from(state: TrainState, source: str) -> TrainState:
-  """``state`` with the policy (and reference) of the latest checkpoint of
-  the run in ``source``, placed with ``state``'s shardings.
+def load_policy(
+  setup: Setup, source: str, step: int | None = None, what: str = "policy"
+) -> tuple[int, nnx.State]:
+  """The policy of the checkpoint at ``step`` (default: the latest) of the
+  run in ``source``, placed on this setup's shardings.
 
   Raises:
-    ConfigError: no checkpoint there, or a policy of another shape.
+    ConfigError: no checkpoint there, or a policy of another shape
+      (``what`` names the setting that pointed there).
   """
   try:
-    step, pure = checkpoint.load_policy(source)
+    step, pure = checkpoint.load_policy(source, step)
   except FileNotFoundError as e:
-    raise ConfigError(f"config.train.init_from: {e}") from None
-  template = nnx.to_pure_dict(state.policy)
+    raise ConfigError(f"{what}: {e}") from None
+  _, abstract, shardings = _abstract_model(setup, False)
+  template = nnx.to_pure_dict(abstract)
   shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)
   if shapes(pure) != shapes(template):
     raise ConfigError(
-      f"config.train.init_from={source!r}: the policy at step {step} does "
-      "not fit this model (parameter names or shapes differ)"
+      f"{what}={source!r}: the policy at step {step} does not fit this "
+      "model (parameter names or shapes differ)"
     )
-  policy = jax.tree.map(
-    lambda new, old: jax.device_put(new, old.sharding),
+  placed = jax.tree.map(
+    lambda new, like, s: jax.device_put(np.asarray(new, like.dtype), s),
     pure,
-    nnx.to_pure_dict(state.policy),
+    template,
+    nnx.to_pure_dict(shardings),
   )
-  new = jax.tree.map(lambda x: x, state.policy)
-  nnx.replace_by_pure_dict(new, policy)
-  reference = new if state.reference is not None else None
-  return state.replace(policy=new, reference=reference)
+  nnx.replace_by_pure_dict(abstract, placed)
+  return step, abstract
+
+
+def policy_from(state: TrainState, setup: Setup, source: str) -> TrainState:
+  """``state`` with the policy (and reference) of the latest checkpoint of
+  the run in ``source``, placed with ``state``'s shardings."""
+  _, policy = load_policy(setup, source, what="config.train.init_from")
+  reference = policy if state.reference is not None else None
+  return state.replace(policy=policy, reference=reference)
 
 
 def _restore(run: _Run, state: TrainState) -> TrainState:
@@ -566,7 +597,7 @@ def _restore(run: _Run, state: TrainState) -> TrainState:
   source = run.setup.config.train.init_from
   if start is None and source:
     run.print(f"starting from the policy of {source}")
-    return policy_from(state, source)
+    return policy_from(state, run.setup, source)
   if start is None:
     return state
   state = run.ckpt.restore(start, state)
@@ -666,6 +697,25 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     )
   r.print(f"metrics in {r.writer.path}")
   return summary
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a run in ``workdir`` was started with.
+
+  Raises:
+    ConfigError: the workdir has no readable config file.
+  """
+  path = os.path.join(workdir, CONFIG_FILE)
+  try:
+    with open(path) as f:
+      return ml_collections.ConfigDict(json.load(f))
+  except FileNotFoundError:
+    raise ConfigError(
+      f"{path!r} does not exist: is {workdir!r} a run directory? (pass "
+      "--config to evaluate a checkpoint without one)"
+    ) from None
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"{path!r} is not valid JSON: {e}") from None
 
 
 def final_params(workdir: str, config: ml_collections.ConfigDict) -> Any:

@@ -6,6 +6,9 @@ import collections
 from collections.abc import Callable
 
 import jax
+import numpy as np
+
+from reference import envs as ref
 
 # Traces per counted function name, for compile-once checks.
 TRACES: collections.Counter = collections.Counter()
@@ -35,3 +38,26 @@ def assert_compiles_once(fn: Callable, *calls: tuple) -> list:
     f"traced {TRACES[name]} times for {len(calls)} calls"
   )
   return outs
+
+
+def peer_of(name, env, s):
+  """The plain-Python peer of one (unbatched, host) Sokoban or FrozenLake
+  state ``s`` of ``env``."""
+  cells = lambda m, cols: {divmod(int(i), cols) for i in np.flatnonzero(m)}
+  if name == "sokoban":
+    return ref.Sokoban(
+      walls=cells(s.walls, env.cols),
+      targets=cells(s.targets, env.cols),
+      boxes=cells(s.boxes, env.cols),
+      player=divmod(int(s.player), env.cols),
+      rows=env.rows,
+      cols=env.cols,
+      max_steps=env.max_steps,
+    )
+  return ref.FrozenLake(
+    holes=cells(s.holes, env.size),
+    start=divmod(int(s.start), env.size),
+    goal=divmod(int(s.goal), env.size),
+    size=env.size,
+    max_steps=env.max_steps,
+  )

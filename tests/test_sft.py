@@ -16,6 +16,7 @@ from reference import envs as ref
 from reference import text as ref_text
 from starpo_jax import rollout, sft, train
 from tests.envs.conftest import index, to_numpy
+from tests.helpers import peer_of
 
 EPISODES = 24
 
@@ -52,27 +53,6 @@ def replies_of(traj, tok, b):
   return [
     tok.decode(tokens[mask & (turns == k)]) for k in range(turns.max() + 1)
   ]
-
-
-def peer_of(name, env, s):
-  cells = lambda m, cols: {divmod(int(i), cols) for i in np.flatnonzero(m)}
-  if name == "sokoban":
-    return ref.Sokoban(
-      walls=cells(s.walls, env.cols),
-      targets=cells(s.targets, env.cols),
-      boxes=cells(s.boxes, env.cols),
-      player=divmod(int(s.player), env.cols),
-      rows=env.rows,
-      cols=env.cols,
-      max_steps=env.max_steps,
-    )
-  return ref.FrozenLake(
-    holes=cells(s.holes, env.size),
-    start=divmod(int(s.start), env.size),
-    goal=divmod(int(s.goal), env.size),
-    size=env.size,
-    max_steps=env.max_steps,
-  )
 
 
 def shortest(name, env, s, peer):

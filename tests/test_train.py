@@ -183,20 +183,24 @@ def test_init_from_starts_with_another_runs_policy(tmp_path):
     for name, value in model.items():
       c.model[name] = value
     setup = train.build(c)
-    return train.init_state(setup, train.make_learner(setup))
+    return setup, train.init_state(setup, train.make_learner(setup))
 
   pure = lambda s: jax.tree.map(np.asarray, nnx.to_pure_dict(s.policy))
-  source = state_of(5)
+  _, source = state_of(5)
   ckpt = checkpoint.Checkpointer(str(tmp_path / "src" / "checkpoints"), 2)
   ckpt.save(3, source)
   ckpt.close()
-  fresh = state_of(0)
+  setup, fresh = state_of(0)
   before = pure(fresh)
-  started = train.policy_from(fresh, str(tmp_path / "src"))
+  started = train.policy_from(fresh, setup, str(tmp_path / "src"))
   same = jax.tree.map(np.array_equal, pure(started), pure(source))
   assert all(jax.tree.leaves(same))
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, pure(fresh), before)))
   with pytest.raises(train.ConfigError, match="does not fit"):
-    train.policy_from(state_of(0, num_layers=1), str(tmp_path / "src"))
+    train.policy_from(*state_of(0, num_layers=1)[::-1], str(tmp_path / "src"))
   with pytest.raises(train.ConfigError, match="no checkpoint"):
-    train.policy_from(fresh, str(tmp_path / "nowhere"))
+    train.policy_from(fresh, setup, str(tmp_path / "nowhere"))
+  with pytest.raises(
+    train.ConfigError, match=r"no checkpoint at step 4.*\[3\]"
+  ):
+    train.load_policy(setup, str(tmp_path / "src"), step=4)

@@ -15,6 +15,7 @@ import envs
 from envs.sokoban import solve
 from reference import envs as ref
 from tests.envs.conftest import index, level_pool, to_numpy
+from tests.helpers import peer_of
 
 HORIZON = 16
 LEVELS = 300
@@ -42,15 +43,7 @@ def test_sokoban_plans_are_shortest_and_solve_the_level():
     n = min(len(best), HORIZON)
     actions = plans.actions[b]
     assert (actions[:n] >= 0).all() and (actions[n:] == -1).all()
-    peer = ref.Sokoban(
-      walls=cells(s.walls, env.cols),
-      targets=cells(s.targets, env.cols),
-      boxes=cells(s.boxes, env.cols),
-      player=divmod(int(s.player), env.cols),
-      rows=env.rows,
-      cols=env.cols,
-      max_steps=env.max_steps,
-    )
+    peer = peer_of("sokoban", env, s)
     for a in actions[:n]:
       peer.step(int(a))
     assert peer.solved() == (len(best) <= HORIZON)
