@@ -15,6 +15,7 @@ from typing import Any
 
 import ml_collections
 
+from starpo_jax.diagnostics import DiagnosticsConfig
 from starpo_jax.filtering import FilterConfig
 from starpo_jax.rollout import RolloutConfig
 from starpo_jax.sft import SftConfig
@@ -90,6 +91,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.algo = _section(AlgoConfig)
   c.filter = _section(FilterConfig)
   c.sft = _section(SftConfig)
+  # RAGEN-2's collapse diagnostics (mutual information between prompts and
+  # replies, prompt retrieval) every `collapse_every` steps; 0: never.
+  c.diagnostics = _section(DiagnosticsConfig)
 
   c.optim = ml_collections.ConfigDict()
   c.optim.lr = 1e-6

@@ -1,9 +1,41 @@
-"""Metrics computed on device: episode statistics of a rollout and the
+"""Metrics computed on device: episode statistics of a rollout, the
 per-step training metrics (rewards, their in-group spread, entropy,
-filtering, losses, clipping, gradient norms, the critic's fit)."""
+filtering, losses, clipping, gradient norms, the critic's fit) and the
+collapse diagnostics of RAGEN-2.
+
+Collapse diagnostics (``collapse/*``). RAGEN's echo trap is visible in
+entropy and reward spread; RAGEN-2's *template collapse* is not: replies
+stay varied but stop depending on the input. It is measured by scoring
+every sampled first-turn reply ``z_i`` under every group's first prompt
+``x_j`` (a ``[B, G]`` log-likelihood matrix ``l[i, j] = log p(z_i | x_j)``,
+per reply token) and asking how much the prompt that produced a reply
+explains it:
+
+- ``mi``: ``mean_i(l[i, g(i)] - logmeanexp_j l[i, j])``, the mutual
+  information between prompt and reply under the batch's uniform prompt
+  mixture, at most ``mi_bound = log G``; ``mi_seq`` the same on summed
+  (not per-token) log-likelihoods. Near 0: template collapse.
+- ``conditional_entropy`` ``-mean l[i, g(i)]`` (``H(Z|X)``, per token; its
+  fall alone is ordinary entropy collapse) and ``marginal_entropy``
+  ``-mean logmeanexp_j l[i, j]`` (``H(Z) = H(Z|X) + I(X;Z)``).
+- ``retrieval@k``: how often the true prompt is among the ``k`` that
+  explain the reply best (ties go to the lower group index), beside
+  ``retrieval_chance@k = min(k, G) / G``.
+- ``mi_zscore``: the mean matched-minus-marginal gap over the spread
+  (population std) of the marginal log-likelihoods.
+
+Reference: RAGEN-2's ``CollapseDetector``
+(mll-lab-nu/RAGEN, ``ragen/trainer/collapse_metrics.py``), first-turn
+sampling. The whole reply is scored (reasoning and answer; the tiny model
+answers without ``<think>``). Prompts are the groups' first observations:
+members of a group share their level.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -33,6 +65,164 @@ def summary(traj: Trajectory, group_size: int) -> dict[str, jax.Array]:
     "response_length": jnp.sum(traj.response_lengths) / turns,
     "truncated": jnp.mean(traj.truncated),
     "context_truncated": jnp.mean(traj.context_truncated),
+  }
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnosticsConfig:
+  """When the step computes the collapse diagnostics.
+
+  ``collapse_every``: every this many steps (counted from the first step
+  of the run, warm start included), at the cost of ``env_groups`` forward
+  passes over the batch; 0 never.
+  """
+
+  collapse_every: int = 10
+
+  def __post_init__(self) -> None:
+    if self.collapse_every < 0:
+      raise ValueError(
+        f"diagnostics: collapse_every={self.collapse_every} must be >= 0"
+      )
+
+
+COLLAPSE_KS = (1, 2, 4, 8)
+# collapse/* metrics are in every step's dict; they mean something only
+# where collapse/computed is 1 (``logged`` drops them elsewhere).
+COMPUTED = "collapse/computed"
+
+
+def first_turn(traj: Trajectory) -> tuple[jax.Array, jax.Array]:
+  """Where each episode's first reply starts (= its first prompt's length)
+  and how many tokens it has, ``[B]`` each."""
+  start = jnp.argmax(traj.loss_mask, axis=1).astype(jnp.int32)
+  count = jnp.sum(traj.loss_mask & (traj.turn_ids == 0), axis=1)
+  return start, count.astype(jnp.int32)
+
+
+LogpFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def cross_loglik(
+  logp_fn: LogpFn, traj: Trajectory, groups: int, reply_width: int
+) -> tuple[jax.Array, jax.Array]:
+  """Every first reply scored after every group's first prompt.
+
+  Args:
+    logp_fn: ``(tokens [B, L], positions [B, R]) -> log-probabilities
+      [B, R]`` of the tokens at ``positions`` (the policy's, as sampled).
+    reply_width: a static bound on a reply's tokens (``max_new_tokens``).
+
+  Returns:
+    ``[B, G]`` summed log-likelihoods ``log p(z_i | x_j)`` and the number
+    of reply tokens each sums over (a reply is cut where prompt and reply
+    would pass the context's end).
+  """
+  b, length = traj.tokens.shape
+  start, count = first_turn(traj)
+  offs = jnp.arange(reply_width)
+  replies = jnp.take_along_axis(
+    traj.tokens, jnp.minimum(start[:, None] + offs, length - 1), axis=1
+  )
+  heads = jnp.arange(groups) * (b // groups)
+  pos = jnp.arange(length)
+
+  def under_prompt(j):
+    prompt, p = traj.tokens[heads[j]], start[heads[j]]
+    at = pos - p  # [L] index into the reply
+    in_reply = (at >= 0) & (at < count[:, None])  # [B, L]
+    reply_tok = jnp.take(replies, jnp.clip(at, 0, reply_width - 1), axis=1)
+    tokens = jnp.where(in_reply, reply_tok, jnp.where(pos < p, prompt, 0))
+    mask = (offs < count[:, None]) & (p + offs < length)
+    positions = jnp.broadcast_to(jnp.minimum(p + offs, length - 1), mask.shape)
+    logp = logp_fn(tokens, positions)
+    return jnp.sum(jnp.where(mask, logp, 0.0), 1), jnp.sum(mask, 1)
+
+  total, n = jax.lax.map(under_prompt, jnp.arange(groups))
+  return total.T, n.T
+
+
+def collapse_metrics(
+  total: jax.Array, n: jax.Array, group_size: int
+) -> dict[str, jax.Array]:
+  """The ``collapse/*`` metrics of a ``[B, G]`` log-likelihood matrix
+  (summed over ``n`` reply tokens); replies with no token are left out."""
+  b, g = total.shape
+  per_token = total / jnp.maximum(n, 1)
+  own = jnp.arange(b) // group_size
+  valid = (jnp.take_along_axis(n, own[:, None], 1)[:, 0] > 0).astype(
+    jnp.float32
+  )
+  mean = lambda x: jnp.sum(x * valid) / jnp.maximum(jnp.sum(valid), 1.0)
+
+  def family(ll):
+    matched = jnp.take_along_axis(ll, own[:, None], 1)[:, 0]
+    marginal = jax.nn.logsumexp(ll, axis=1) - math.log(g)
+    return matched, marginal
+
+  matched, marginal = family(per_token)
+  matched_seq, marginal_seq = family(total)
+  gap = mean(matched - marginal)
+  spread = jnp.sqrt(mean(jnp.square(marginal - mean(marginal))))
+  better = per_token > matched[:, None]
+  tied_before = (per_token == matched[:, None]) & (
+    jnp.arange(g)[None] < own[:, None]
+  )
+  rank = jnp.sum(better | tied_before, axis=1)
+  out = {
+    "collapse/mi": gap,
+    "collapse/mi_bound": jnp.asarray(math.log(g), jnp.float32),
+    "collapse/mi_seq": mean(matched_seq - marginal_seq),
+    "collapse/conditional_entropy": -mean(matched),
+    "collapse/marginal_entropy": -mean(marginal),
+    "collapse/conditional_entropy_seq": -mean(matched_seq),
+    "collapse/marginal_entropy_seq": -mean(marginal_seq),
+    "collapse/mi_zscore": gap / (spread + 1e-3),
+    "collapse/scored_replies": jnp.sum(valid),
+  }
+  for k in COLLAPSE_KS:
+    out[f"collapse/retrieval@{k}"] = mean(
+      (rank < min(k, g)).astype(jnp.float32)
+    )
+    out[f"collapse/retrieval_chance@{k}"] = jnp.asarray(
+      min(k, g) / g, jnp.float32
+    )
+  return out
+
+
+def collapse(
+  logp_fn: LogpFn,
+  traj: Trajectory,
+  groups: int,
+  reply_width: int,
+  when: jax.Array,
+) -> dict[str, jax.Array]:
+  """``collapse_metrics`` of the rollout where ``when`` holds, zeros
+  elsewhere (``collapse/computed`` says which), and the first-turn rates
+  (every step)."""
+
+  def compute():
+    total, n = cross_loglik(logp_fn, traj, groups, reply_width)
+    return collapse_metrics(total, n, traj.tokens.shape[0] // groups)
+
+  shapes = jax.eval_shape(compute)
+  skip = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  out = jax.lax.cond(when, compute, skip)
+  out[COMPUTED] = when.astype(jnp.float32)
+  out["collapse/first_turn_valid_rate"] = jnp.mean(traj.turn_valid[:, 0])
+  out["collapse/first_turn_format_rate"] = jnp.mean(traj.turn_format_ok[:, 0])
+  return out
+
+
+def logged(metrics: dict[str, float]) -> dict[str, float]:
+  """The metrics worth writing: the collapse diagnostics only on the steps
+  that computed them."""
+  if metrics.get(COMPUTED, 1.0):
+    return metrics
+  return {
+    k: v
+    for k, v in metrics.items()
+    if not k.startswith("collapse/") or "first_turn" in k
   }
 
 

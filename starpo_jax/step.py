@@ -682,11 +682,15 @@ def make_step(
   filter_cfg: filtering.FilterConfig,
   learner: Learner,
   mesh: Any = None,
+  diag_cfg: diagnostics.DiagnosticsConfig | None = None,
 ):
   """Builds ``step(state, codec) -> (state, metrics)`` (jit it).
 
   With a ``mesh``, episode-batch arrays are sharded over its data and fsdp
-  axes (parameters follow the shardings the state arrives with).
+  axes (parameters follow the shardings the state arrives with). With a
+  ``diag_cfg`` whose ``collapse_every`` is set, every that many steps the
+  metrics include the collapse diagnostics of the step's rollout, scored
+  by the policy that played it (``diagnostics.collapse``).
   """
   b = rollout_cfg.batch
   if b % algo.minibatches:
@@ -736,6 +740,26 @@ def make_step(
       algo,
     )
     metrics["train/nonfinite_streak"] = new_state.nonfinite.astype(jnp.float32)
+    if diag_cfg is not None and diag_cfg.collapse_every:
+      metrics.update(collapse_diagnostics(state, codec, p.traj))
     return new_state, metrics
+
+  def collapse_diagnostics(state: TrainState, codec: Codec, traj: Trajectory):
+    policy = nnx.merge(learner.policy_def, state.policy)
+    logp_fn = lambda tokens, positions: sequence_logprobs(
+      policy,
+      tokens,
+      positions,
+      rollout_cfg.temperature,
+      codec.allowed,
+      algo.logits_chunk,
+    )[0]
+    return diagnostics.collapse(
+      logp_fn,
+      traj,
+      rollout_cfg.env_groups,
+      rollout_cfg.max_new_tokens,
+      (state.step + 1) % diag_cfg.collapse_every == 0,
+    )
 
   return sharding.traced_for(mesh, step)

@@ -27,6 +27,7 @@ from flax import nnx
 import envs
 from starpo_jax import (
   checkpoint,
+  diagnostics,
   evaluate,
   filtering,
   rollout,
@@ -65,6 +66,7 @@ class Setup:
   filter_cfg: filtering.FilterConfig
   sft_cfg: sft.SftConfig
   stop_cfg: stopping.StopConfig
+  diag_cfg: diagnostics.DiagnosticsConfig
   model_cfg: transformer.ModelConfig
   codec: text.Codec
   eval_codecs: dict[str, text.Codec]
@@ -115,6 +117,9 @@ def build(
   sft_cfg = _dataclass_from(sft.SftConfig, config.sft, "sft")
   stop_cfg = _dataclass_from(
     stopping.StopConfig, config.train.early_stop, "train.early_stop"
+  )
+  diag_cfg = _dataclass_from(
+    diagnostics.DiagnosticsConfig, config.diagnostics, "diagnostics"
   )
   if rcfg.batch % algo.minibatches:
     raise ConfigError(
@@ -202,6 +207,7 @@ def build(
     filter_cfg=filter_cfg,
     sft_cfg=sft_cfg,
     stop_cfg=stop_cfg,
+    diag_cfg=diag_cfg,
     model_cfg=model_cfg,
     codec=codec,
     eval_codecs=eval_codecs,
@@ -432,6 +438,7 @@ def compile_step(setup: Setup, state: TrainState, learner: Learner):
     filter_cfg=setup.filter_cfg,
     learner=learner,
     mesh=setup.mesh,
+    diag_cfg=setup.diag_cfg,
   )
   return _jit_step(step, state, setup.mesh)
 
@@ -659,6 +666,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if not (evaluating or watching or step % config.train.log_every == 0):
       continue
     metrics = {k: float(sharding.local_value(v)) for k, v in metrics.items()}
+    metrics = diagnostics.logged(metrics)
     metrics["time/step_s"] = time.perf_counter() - t0
     if "rollout/generated_tokens" in metrics:
       metrics["time/tokens_per_s"] = (
