@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from configs import bandit
-from starpo_jax import checkpoint, train
+from starpo_jax import checkpoint, report, train
 from starpo_jax import logging as log_lib
 
 SMALL = [
@@ -129,7 +129,11 @@ def _comparable(records):
 
 
 def test_sigkilled_run_resumes_to_the_same_parameters_and_metrics(tmp_path):
-  flags = [*SMALL, "--config.train.steps=8"]
+  flags = [
+    *SMALL,
+    "--config.train.steps=8",
+    "--config.diagnostics.collapse_every=3",
+  ]
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
   # The three runs compile the same step: JAX's persistent cache compiles
   # it once (the executable is the same, so is every result).
@@ -174,6 +178,17 @@ def test_sigkilled_run_resumes_to_the_same_parameters_and_metrics(tmp_path):
   rb = _comparable(log_lib.read_metrics(str(resumed)))
   assert [r["step"] for r in rb] == list(range(1, 9))
   assert ra == rb
+  # The collapse diagnostics, computed and logged every 3rd step only.
+  assert [r["step"] for r in ra if "collapse/mi" in r] == [3, 6]
+  for r in ra:
+    assert "collapse/first_turn_valid_rate" in r
+    if "collapse/mi" in r:
+      assert r["collapse/mi"] <= r["collapse/mi_bound"] + 1e-5
+      assert 0 <= r["collapse/retrieval@1"] <= 1
+      assert r["collapse/scored_replies"] == 8
+  # The report reads a real run.
+  drawn = report.report([str(straight)], out=str(tmp_path / "report"))
+  assert {"success", "entropy", "mutual_information"} <= set(drawn["images"])
 
 
 def test_init_from_starts_with_another_runs_policy(tmp_path):
