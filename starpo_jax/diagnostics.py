@@ -104,7 +104,11 @@ LogpFn = Callable[[jax.Array, jax.Array], jax.Array]
 
 
 def cross_loglik(
-  logp_fn: LogpFn, traj: Trajectory, groups: int, reply_width: int
+  logp_fn: LogpFn,
+  traj: Trajectory,
+  groups: int,
+  reply_width: int,
+  context: int,
 ) -> tuple[jax.Array, jax.Array]:
   """Every first reply scored after every group's first prompt.
 
@@ -112,23 +116,28 @@ def cross_loglik(
     logp_fn: ``(tokens [B, L], positions [B, R]) -> log-probabilities
       [B, R]`` of the tokens at ``positions`` (the policy's, as sampled).
     reply_width: a static bound on a reply's tokens (``max_new_tokens``).
+    context: a static bound on a first prompt and its reply: the scored
+      sequences are this long (at most the trajectory's length).
 
   Returns:
     ``[B, G]`` summed log-likelihoods ``log p(z_i | x_j)`` and the number
-    of reply tokens each sums over (a reply is cut where prompt and reply
-    would pass the context's end).
+    of reply tokens each sums over (prompt and reply are cut at
+    ``context``).
   """
-  b, length = traj.tokens.shape
+  b = traj.tokens.shape[0]
+  length = min(context, traj.tokens.shape[1])
+  episodes = traj.tokens[:, :length]
   start, count = first_turn(traj)
+  count = jnp.minimum(count, length - start)  # what the context holds
   offs = jnp.arange(reply_width)
   replies = jnp.take_along_axis(
-    traj.tokens, jnp.minimum(start[:, None] + offs, length - 1), axis=1
+    episodes, jnp.minimum(start[:, None] + offs, length - 1), axis=1
   )
   heads = jnp.arange(groups) * (b // groups)
   pos = jnp.arange(length)
 
   def under_prompt(j):
-    prompt, p = traj.tokens[heads[j]], start[heads[j]]
+    prompt, p = episodes[heads[j]], start[heads[j]]
     at = pos - p  # [L] index into the reply
     in_reply = (at >= 0) & (at < count[:, None])  # [B, L]
     reply_tok = jnp.take(replies, jnp.clip(at, 0, reply_width - 1), axis=1)
@@ -195,6 +204,7 @@ def collapse(
   traj: Trajectory,
   groups: int,
   reply_width: int,
+  context: int,
   when: jax.Array,
 ) -> dict[str, jax.Array]:
   """``collapse_metrics`` of the rollout where ``when`` holds, zeros
@@ -202,7 +212,7 @@ def collapse(
   (every step)."""
 
   def compute():
-    total, n = cross_loglik(logp_fn, traj, groups, reply_width)
+    total, n = cross_loglik(logp_fn, traj, groups, reply_width, context)
     return collapse_metrics(total, n, traj.tokens.shape[0] // groups)
 
   shapes = jax.eval_shape(compute)

@@ -29,7 +29,12 @@ from flax import nnx, struct
 from envs import Env
 from starpo_jax import advantages as adv_lib
 from starpo_jax import diagnostics, filtering, losses, sharding
-from starpo_jax.rollout import RolloutConfig, Trajectory, rollout
+from starpo_jax.rollout import (
+  RolloutConfig,
+  Trajectory,
+  context_needed,
+  rollout,
+)
 from starpo_jax.text import Codec
 
 
@@ -759,6 +764,7 @@ def make_step(
       traj,
       rollout_cfg.env_groups,
       rollout_cfg.max_new_tokens,
+      context_needed(codec, rollout_cfg, 1),
       (state.step + 1) % diag_cfg.collapse_every == 0,
     )
 

@@ -161,7 +161,7 @@ W = np.linspace(0.1, 1.3, L)
 def toy_logp(tokens, positions):
   """A stand-in model: the log-probability of the token at p depends on
   every token before it and on where they sit."""
-  prefix = jnp.cumsum(tokens * W, axis=1)
+  prefix = jnp.cumsum(tokens * W[: tokens.shape[1]], axis=1)
   before = jnp.take_along_axis(prefix, jnp.maximum(positions - 1, 0), 1)
   at = jnp.take_along_axis(tokens, positions, 1)
   return jnp.sin(0.37 * before + at) - 2.0
@@ -171,17 +171,20 @@ def toy_logp_np(seq: np.ndarray, p: int) -> float:
   return math.sin(0.37 * float(np.sum(seq[:p] * W[:p])) + seq[p]) - 2.0
 
 
-def test_cross_loglik_scores_each_reply_after_each_prompt():
+@pytest.mark.parametrize("context", [64, 9])
+def test_cross_loglik_scores_each_reply_after_each_prompt(context):
   traj = trajectory()
-  total, n = jax.jit(diagnostics.cross_loglik, static_argnums=(0, 2, 3))(
-    toy_logp, traj, len(PROMPTS), 8
+  total, n = jax.jit(diagnostics.cross_loglik, static_argnums=(0, 2, 3, 4))(
+    toy_logp, traj, len(PROMPTS), 8, context
   )
   tokens = np.asarray(traj.tokens)
   first = np.asarray(traj.loss_mask) & (np.asarray(traj.turn_ids) == 0)
+  first[:, context:] = False  # what the context holds of a reply
   for i in range(len(REPLIES)):
     reply = tokens[i][first[i]]
     for j, p in enumerate(PROMPTS):
-      seq = np.concatenate([tokens[2 * j, :p], reply])[:L]  # cut at the end
+      # Cut where the context ends.
+      seq = np.concatenate([tokens[2 * j, :p], reply])[: min(L, context)]
       want = sum(toy_logp_np(seq, t) for t in range(p, len(seq)))
       assert int(n[i, j]) == len(seq) - p
       np.testing.assert_allclose(float(total[i, j]), want, rtol=1e-5, atol=1e-5)
@@ -196,9 +199,9 @@ def test_collapse_is_skipped_off_its_steps_and_logged_only_when_computed():
   traced = chex.assert_max_traces(
     lambda *args: diagnostics.collapse(*args), n=1
   )
-  run = jax.jit(traced, static_argnums=(0, 2, 3))
-  off = run(toy_logp, traj, len(PROMPTS), 8, jnp.asarray(False))
-  on = run(toy_logp, traj, len(PROMPTS), 8, jnp.asarray(True))
+  run = jax.jit(traced, static_argnums=(0, 2, 3, 4))
+  off = run(toy_logp, traj, len(PROMPTS), 8, L, jnp.asarray(False))
+  on = run(toy_logp, traj, len(PROMPTS), 8, L, jnp.asarray(True))
   assert float(off["collapse/computed"]) == 0.0
   assert float(on["collapse/computed"]) == 1.0
   assert float(on["collapse/mi_bound"]) == pytest.approx(math.log(3))
