@@ -72,24 +72,33 @@ def summary(traj: Trajectory, group_size: int) -> dict[str, jax.Array]:
 class DiagnosticsConfig:
   """When the step computes the collapse diagnostics.
 
-  ``collapse_every``: every this many steps (counted from the first step
-  of the run, warm start included), at the cost of ``env_groups`` forward
-  passes over the batch; 0 never.
+  ``collapse_every``: every this many RL steps (counted from the first
+  step of the run, warm start included), at the cost of ``env_groups``
+  forward passes over one turn of the batch; 0 never.
+  ``gradients_every``: the policy gradient split by term and by reward-std
+  bucket (``step.gradient_split``) every this many RL steps, at the cost of
+  ``3 + buckets`` backward passes over the batch; 0 never.
   """
 
   collapse_every: int = 10
+  gradients_every: int = 10
+  buckets: int = 3
 
   def __post_init__(self) -> None:
-    if self.collapse_every < 0:
-      raise ValueError(
-        f"diagnostics: collapse_every={self.collapse_every} must be >= 0"
-      )
+    for name in ("collapse_every", "gradients_every"):
+      if getattr(self, name) < 0:
+        raise ValueError(
+          f"diagnostics: {name}={getattr(self, name)} must be >= 0"
+        )
+    if self.buckets < 1:
+      raise ValueError(f"diagnostics: buckets={self.buckets} must be >= 1")
 
 
 COLLAPSE_KS = (1, 2, 4, 8)
-# collapse/* metrics are in every step's dict; they mean something only
-# where collapse/computed is 1 (``logged`` drops them elsewhere).
-COMPUTED = "collapse/computed"
+# collapse/* and grads/* metrics are in every step's dict; they mean
+# something only where their "computed" is 1 (``logged`` drops them
+# elsewhere).
+PERIODIC = ("collapse", "grads")
 
 
 def first_turn(traj: Trajectory) -> tuple[jax.Array, jax.Array]:
@@ -207,33 +216,49 @@ def collapse(
   context: int,
   when: jax.Array,
 ) -> dict[str, jax.Array]:
-  """``collapse_metrics`` of the rollout where ``when`` holds, zeros
-  elsewhere (``collapse/computed`` says which), and the first-turn rates
-  (every step)."""
+  """``collapse_metrics`` of the rollout where ``when`` holds (``periodic``)
+  and the first-turn rates (every step)."""
 
   def compute():
     total, n = cross_loglik(logp_fn, traj, groups, reply_width, context)
     return collapse_metrics(total, n, traj.tokens.shape[0] // groups)
 
-  shapes = jax.eval_shape(compute)
-  skip = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-  out = jax.lax.cond(when, compute, skip)
-  out[COMPUTED] = when.astype(jnp.float32)
+  out = periodic(compute, when, "collapse")
   out["collapse/first_turn_valid_rate"] = jnp.mean(traj.turn_valid[:, 0])
   out["collapse/first_turn_format_rate"] = jnp.mean(traj.turn_format_ok[:, 0])
   return out
 
 
+def periodic(compute: Callable[[], dict], when: jax.Array, prefix: str):
+  """``compute()`` where ``when`` holds, zeros elsewhere, with
+  ``PREFIX/computed`` saying which."""
+  shapes = jax.eval_shape(compute)
+  skip = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  out = jax.lax.cond(when, compute, skip)
+  out[f"{prefix}/computed"] = when.astype(jnp.float32)
+  return out
+
+
 def logged(metrics: dict[str, float]) -> dict[str, float]:
-  """The metrics worth writing: the collapse diagnostics only on the steps
-  that computed them."""
-  if metrics.get(COMPUTED, 1.0):
-    return metrics
+  """The metrics worth writing: the periodic diagnostics only on the steps
+  that computed them (the first-turn rates on every step)."""
+  skipped = tuple(
+    f"{p}/" for p in PERIODIC if not metrics.get(f"{p}/computed", 1.0)
+  )
   return {
     k: v
     for k, v in metrics.items()
-    if not k.startswith("collapse/") or "first_turn" in k
+    if not k.startswith(skipped) or "first_turn" in k
   }
+
+
+def std_buckets(group_std: jax.Array, buckets: int) -> jax.Array:
+  """Each group's bucket ``[G]`` int32: groups ranked by in-group reward
+  std (ties by index) and cut into ``buckets`` near-equal parts, 0 the
+  lowest std."""
+  g = group_std.shape[0]
+  rank = jnp.argsort(jnp.argsort(group_std, stable=True), stable=True)
+  return (rank * buckets // g).astype(jnp.int32)
 
 
 def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:

@@ -640,6 +640,89 @@ def update(
 
 
 # ---------------------------------------------------------------------------
+# Diagnostics: the policy gradient taken apart (before the update)
+
+# Weights of (task, entropy bonus, KL loss) in ``term_objective``.
+TERMS = {
+  "task": (1.0, 0.0, 0.0),
+  "entropy": (0.0, 1.0, 0.0),
+  "kl": (0.0, 0.0, 1.0),
+}
+
+
+def term_objective(
+  params: Any,
+  policy_def: Any,
+  batch: Batch,
+  algo: AlgoConfig,
+  temperature: float,
+  allowed: jax.Array | None,
+  weights: jax.Array,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """``policy_objective``'s terms weighted by ``weights`` ``[3]``: the task
+  (clipped policy) loss, the entropy bonus ``-entropy_coef * H`` and the
+  KL loss ``kl_coef * KL``. Weights of ones give the objective itself."""
+  _, s = policy_objective(params, policy_def, batch, algo, temperature, allowed)
+  loss = (
+    weights[0] * s["pg_loss"]
+    - weights[1] * algo.entropy_coef * s["entropy"]
+    + weights[2] * algo.kl_coef * s["kl_loss"]
+  )
+  return loss, {}
+
+
+def gradient_split(
+  learner: Learner,
+  state: TrainState,
+  batch: Batch,
+  group_std: jax.Array,
+  algo: AlgoConfig,
+  temperature: float,
+  allowed: jax.Array | None,
+  buckets: int,
+) -> dict[str, jax.Array]:
+  """Norms of the policy gradient's parts on the whole batch (what the
+  filter kept), at the parameters that played it: each term of the loss
+  alone (``grads/task``, ``grads/entropy``, ``grads/kl``), and the task
+  term of each reward-std bucket of groups alone (``grads/task_std_qK``,
+  ``K = 1`` the lowest std; ``grads/std_qK`` its groups' mean std; a
+  bucket with no kept token has norm 0). RAGEN-2's gradient analysis: the
+  task gradient of low-spread groups is small, so there regularisers
+  dominate the update.
+  """
+  b, length = batch.tokens.shape
+  groups = group_std.shape[0]
+  buckets = min(buckets, groups)
+  bucket = diagnostics.std_buckets(group_std, buckets)
+  of_episode = jnp.repeat(bucket, b // groups)[:, None]
+  weights = [*TERMS.values()] + [TERMS["task"]] * buckets
+  masks = [batch.mask] * len(TERMS) + [
+    batch.mask & (of_episode == k) for k in range(buckets)
+  ]
+  micro = micro_batches(b, length, algo.micro_batch_tokens)
+
+  def norm(args):
+    w, mask = args
+    objective = lambda p, mb: term_objective(
+      p, learner.policy_def, mb, algo, temperature, allowed, w
+    )
+    grad_fn = batch_gradients(
+      objective, batch.replace(mask=mask), micro, algo.loss_agg
+    )
+    return optax.tree.norm(grad_fn(state.policy)[1])
+
+  norms = jax.lax.map(norm, (jnp.asarray(weights), jnp.stack(masks)))
+  out = {f"grads/{name}": norms[i] for i, name in enumerate(TERMS)}
+  for k in range(buckets):
+    in_k = bucket == k
+    out[f"grads/task_std_q{k + 1}"] = norms[len(TERMS) + k]
+    out[f"grads/std_q{k + 1}"] = jnp.sum(jnp.where(in_k, group_std, 0.0)) / (
+      jnp.maximum(jnp.sum(in_k), 1)
+    )
+  return out
+
+
+# ---------------------------------------------------------------------------
 # The step
 
 
@@ -693,9 +776,10 @@ def make_step(
 
   With a ``mesh``, episode-batch arrays are sharded over its data and fsdp
   axes (parameters follow the shardings the state arrives with). With a
-  ``diag_cfg`` whose ``collapse_every`` is set, every that many steps the
-  metrics include the collapse diagnostics of the step's rollout, scored
-  by the policy that played it (``diagnostics.collapse``).
+  ``diag_cfg``, every ``collapse_every`` steps the metrics include the
+  collapse diagnostics of the step's rollout scored by the policy that
+  played it (``diagnostics.collapse``), and every ``gradients_every`` steps
+  the policy gradient split by term and bucket (``gradient_split``).
   """
   b = rollout_cfg.batch
   if b % algo.minibatches:
@@ -747,7 +831,30 @@ def make_step(
     metrics["train/nonfinite_streak"] = new_state.nonfinite.astype(jnp.float32)
     if diag_cfg is not None and diag_cfg.collapse_every:
       metrics.update(collapse_diagnostics(state, codec, p.traj))
+    if diag_cfg is not None and diag_cfg.gradients_every:
+      metrics.update(gradient_diagnostics(state, codec, p))
     return new_state, metrics
+
+  def gradient_diagnostics(state: TrainState, codec: Codec, p: Prepared):
+    group_std = filtering.group_scores(
+      "reward_std",
+      p.scored.scores,
+      p.scored.lengths,
+      p.scored.episode_entropy,
+      rollout_cfg.env_groups,
+    )
+    compute = lambda: gradient_split(
+      learner,
+      state,
+      p.batch,
+      group_std,
+      algo,
+      rollout_cfg.temperature,
+      codec.allowed,
+      diag_cfg.buckets,
+    )
+    when = (state.step + 1) % diag_cfg.gradients_every == 0
+    return diagnostics.periodic(compute, when, "grads")
 
   def collapse_diagnostics(state: TrainState, codec: Codec, traj: Trajectory):
     policy = nnx.merge(learner.policy_def, state.policy)

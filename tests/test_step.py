@@ -456,3 +456,77 @@ def test_generated_positions_pack_the_mask():
   mask = jnp.asarray([[0, 1, 1, 0, 1], [0, 0, 0, 0, 0], [1, 0, 0, 0, 1]], bool)
   got = np.asarray(step_lib.generated_positions(mask, 3))
   np.testing.assert_array_equal(got, [[1, 2, 4], [0, 0, 0], [0, 4, 0]])
+
+
+@pytest.mark.parametrize(
+  ("std", "buckets", "want"),
+  [
+    ([0.3, 0.1, 0.2], 3, [2, 0, 1]),
+    ([0.5, 0.0, 0.0, 0.2, 0.9, 0.1, 0.4, 0.3], 3, [2, 0, 0, 1, 2, 0, 1, 1]),
+    ([0.0, 0.0, 0.0, 0.0], 2, [0, 0, 1, 1]),  # ties: by group index
+  ],
+)
+def test_reward_std_buckets(std, buckets, want):
+  got = diagnostics.std_buckets(jnp.asarray(std), buckets)
+  assert got.tolist() == want
+
+
+def test_the_gradient_split_adds_up_to_the_objective_and_follows_the_filter(
+  real,
+):
+  s = real.setup
+  algo = dataclasses.replace(s.algo, entropy_coef=0.05)
+  temp, allowed = s.rollout_cfg.temperature, s.codec.allowed
+
+  @jax.jit
+  def part(weights):
+    return jax.grad(
+      lambda p: step_lib.term_objective(
+        p, real.learner.policy_def, real.batch, algo, temp, allowed, weights
+      )[0]
+    )(real.state.policy)
+
+  parts = {n: part(jnp.asarray(w)) for n, w in step_lib.TERMS.items()}
+  whole = jax.jit(jax.grad(lambda p: real.objective(p, real.batch, algo)[0]))(
+    real.state.policy
+  )
+  summed = jax.tree.map(lambda *g: sum(g), *parts.values())
+  close = jax.tree.map(
+    lambda a, b: np.allclose(a, b, rtol=1e-5, atol=1e-7), summed, whole
+  )
+  assert all(jax.tree.leaves(close))
+  scored = real.prepared.scored
+  group_std = np.asarray(scored.scores).reshape(2, 4).std(axis=1, ddof=1)
+  m = jax.jit(
+    lambda: step_lib.gradient_split(
+      real.learner,
+      real.state,
+      real.batch,
+      jnp.asarray(group_std, jnp.float32),
+      algo,
+      temp,
+      allowed,
+      3,
+    )
+  )()
+  norm = lambda g: float(
+    np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(g)))
+  )
+  assert float(m["grads/task"]) == pytest.approx(norm(parts["task"]), rel=1e-5)
+  assert float(m["grads/entropy"]) == pytest.approx(
+    norm(parts["entropy"]), rel=1e-5
+  )
+  assert float(m["grads/entropy"]) > 0
+  assert float(m["grads/kl"]) == 0.0  # no reference model
+  # Two groups, so two buckets; the filter kept one group: its bucket's task
+  # gradient is the whole task gradient, the other bucket's is zero.
+  kept = int(np.flatnonzero(np.asarray(real.prepared.selection.keep_group))[0])
+  kept_bucket = int(group_std[kept] > group_std[1 - kept]) + 1
+  assert "grads/task_std_q3" not in m
+  assert float(m[f"grads/task_std_q{kept_bucket}"]) == pytest.approx(
+    float(m["grads/task"]), rel=1e-5
+  )
+  assert float(m[f"grads/task_std_q{3 - kept_bucket}"]) == 0.0
+  assert float(m[f"grads/std_q{kept_bucket}"]) == pytest.approx(
+    group_std[kept], rel=1e-5
+  )

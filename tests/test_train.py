@@ -133,6 +133,7 @@ def test_sigkilled_run_resumes_to_the_same_parameters_and_metrics(tmp_path):
     *SMALL,
     "--config.train.steps=8",
     "--config.diagnostics.collapse_every=3",
+    "--config.diagnostics.gradients_every=3",
   ]
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
   # The three runs compile the same step: JAX's persistent cache compiles
@@ -180,6 +181,7 @@ def test_sigkilled_run_resumes_to_the_same_parameters_and_metrics(tmp_path):
   assert ra == rb
   # The collapse diagnostics, computed and logged every 3rd step only.
   assert [r["step"] for r in ra if "collapse/mi" in r] == [3, 6]
+  assert [r["step"] for r in ra if "grads/task" in r] == [3, 6]
   for r in ra:
     assert "collapse/first_turn_valid_rate" in r
     if "collapse/mi" in r:
