@@ -26,6 +26,7 @@ import dataclasses
 
 # The per-step metrics the rules read (diagnostics.step_metrics).
 REWARD_STD = "rollout/in_group_reward_std"
+RELATIVE_STD = "rollout/in_group_reward_std_vs_early"
 KEPT = "filter/kept_ratio"
 
 
@@ -70,25 +71,32 @@ class EarlyStop:
     self._empty = 0
 
   def after_step(self, metrics: dict[str, float]) -> str | None:
-    """One RL step's metrics."""
+    """One RL step's metrics. Once the first ``baseline_steps`` are in,
+    adds ``rollout/in_group_reward_std_vs_early`` to ``metrics`` (the
+    step's in-group reward std over their mean; logged whether or not the
+    rules are on: the echo trap shows as it falling toward 0)."""
     c = self.cfg
-    if not c.enabled:
-      return None
-    if c.reward_std_patience and REWARD_STD in metrics:
+    if REWARD_STD in metrics:
       std = metrics[REWARD_STD]
       if len(self._early_std) < c.baseline_steps:
         self._early_std.append(std)
       else:
         base = sum(self._early_std) / len(self._early_std)
-        low = std < c.reward_std_fraction * base
-        self._low_std = self._low_std + 1 if low else 0
-        if self._low_std >= c.reward_std_patience:
-          return (
-            f"in-group reward std {std:.4g} has been below "
-            f"{c.reward_std_fraction:g} x its mean over the first "
-            f"{c.baseline_steps} RL steps ({base:.4g}) for "
-            f"{self._low_std} steps in a row"
-          )
+        if base > 0:
+          metrics[RELATIVE_STD] = std / base
+    if not c.enabled:
+      return None
+    if c.reward_std_patience and len(self._early_std) == c.baseline_steps:
+      low = metrics.get(RELATIVE_STD, 1.0) < c.reward_std_fraction
+      self._low_std = self._low_std + 1 if low else 0
+      if self._low_std >= c.reward_std_patience:
+        base = sum(self._early_std) / len(self._early_std)
+        return (
+          f"in-group reward std {metrics[REWARD_STD]:.4g} has been below "
+          f"{c.reward_std_fraction:g} x its mean over the first "
+          f"{c.baseline_steps} RL steps ({base:.4g}) for "
+          f"{self._low_std} steps in a row"
+        )
     if c.empty_patience and KEPT in metrics:
       self._empty = self._empty + 1 if metrics[KEPT] == 0 else 0
       if self._empty >= c.empty_patience:

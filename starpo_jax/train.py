@@ -676,16 +676,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       metrics.update(r.evaluate(step, state.policy))
     # Wall time since this process started the run, compiles included.
     metrics["time/elapsed_s"] = time.perf_counter() - t_run
+    if phase == "rl":
+      # Adds the reward spread relative to its early level, rules on or off.
+      stopped = stopper.after_step(metrics)
+      if watching and stopped is None and "eval/success" in metrics:
+        stopped = stopper.after_eval(metrics["eval/success"])
     r.writer.write(step, metrics)
     r.progress.update(step, metrics)
     if evaluating and step == r.sft_steps:
       r.print(f"after {step} warm-start steps: {r.describe(metrics)}")
     last = metrics
     r.check_finite(step, metrics)
-    if watching:
-      stopped = stopper.after_step(metrics)
-      if stopped is None and "eval/success" in metrics:
-        stopped = stopper.after_eval(metrics["eval/success"])
     if r.checkpointing(step) or stopped:
       r.ckpt.save(step, state)
     if stopped:

@@ -10,7 +10,13 @@ import pytest
 from configs import bandit
 from starpo_jax import checkpoint, train
 from starpo_jax import logging as log_lib
-from starpo_jax.stopping import KEPT, REWARD_STD, EarlyStop, StopConfig
+from starpo_jax.stopping import (
+  KEPT,
+  RELATIVE_STD,
+  REWARD_STD,
+  EarlyStop,
+  StopConfig,
+)
 
 
 def first_firing(stop, stream, feed):
@@ -46,6 +52,15 @@ def test_reward_std_baseline_is_the_mean_of_the_first_steps():
   # Baseline (2 + 0) / 2 = 1: 0.6 is not below 0.5, 0.4 is.
   stream = [{REWARD_STD: 2.0}, {REWARD_STD: 0.0}, {REWARD_STD: 0.6}]
   assert first_firing(stop, [*stream, {REWARD_STD: 0.4}], step) == 4
+
+
+def test_reward_std_relative_to_its_early_level_is_logged_rules_off():
+  stop = EarlyStop(StopConfig(baseline_steps=2))
+  a, b, c = {REWARD_STD: 2.0}, {REWARD_STD: 1.0}, {REWARD_STD: 0.3}
+  for m in (a, b, c):
+    assert stop.after_step(m) is None
+  assert RELATIVE_STD not in a and RELATIVE_STD not in b
+  assert c[RELATIVE_STD] == pytest.approx(0.2)  # 0.3 / mean(2, 1)
 
 
 def test_empty_filter_rule_fires_after_patience_steps_in_a_row():
