@@ -35,6 +35,15 @@ def parse(
   return True, [lookup.get(p.lower(), -1) for p in parts]
 
 
+def thought(data: bytes) -> bool:
+  """Whether the think-format grammar matches with a non-blank reasoning
+  (RAGEN-2's valid thinking)."""
+  match = re.search(
+    rb"<think>(.*?)</think>\s*<answer>(.*?)</answer>", data, re.DOTALL
+  )
+  return bool(match and match.group(1).strip(WHITESPACE))
+
+
 def format_reward(value: float) -> str:
   cents = round(value * 100)
   sign = "-" if cents < 0 else ""

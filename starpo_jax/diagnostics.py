@@ -99,6 +99,11 @@ COLLAPSE_KS = (1, 2, 4, 8)
 # something only where their "computed" is 1 (``logged`` drops them
 # elsewhere).
 PERIODIC = ("collapse", "grads")
+EVERY_STEP = (
+  "collapse/first_turn_valid_rate",
+  "collapse/first_turn_format_rate",
+  "collapse/valid_thinking_rate",
+)
 
 
 def first_turn(traj: Trajectory) -> tuple[jax.Array, jax.Array]:
@@ -216,8 +221,10 @@ def collapse(
   context: int,
   when: jax.Array,
 ) -> dict[str, jax.Array]:
-  """``collapse_metrics`` of the rollout where ``when`` holds (``periodic``)
-  and the first-turn rates (every step)."""
+  """``collapse_metrics`` of the rollout where ``when`` holds (``periodic``),
+  and on every step the first-turn rates and the valid-thinking rate (turns
+  whose reply matched the format with a non-blank ``<think>``; 0 for
+  models that answer without one)."""
 
   def compute():
     total, n = cross_loglik(logp_fn, traj, groups, reply_width, context)
@@ -226,6 +233,8 @@ def collapse(
   out = periodic(compute, when, "collapse")
   out["collapse/first_turn_valid_rate"] = jnp.mean(traj.turn_valid[:, 0])
   out["collapse/first_turn_format_rate"] = jnp.mean(traj.turn_format_ok[:, 0])
+  played = jnp.maximum(jnp.sum(traj.turn_played), 1)
+  out["collapse/valid_thinking_rate"] = jnp.sum(traj.turn_thought) / played
   return out
 
 
@@ -241,14 +250,14 @@ def periodic(compute: Callable[[], dict], when: jax.Array, prefix: str):
 
 def logged(metrics: dict[str, float]) -> dict[str, float]:
   """The metrics worth writing: the periodic diagnostics only on the steps
-  that computed them (the first-turn rates on every step)."""
+  that computed them (``EVERY_STEP`` always)."""
   skipped = tuple(
     f"{p}/" for p in PERIODIC if not metrics.get(f"{p}/computed", 1.0)
   )
   return {
     k: v
     for k, v in metrics.items()
-    if not k.startswith(skipped) or "first_turn" in k
+    if not k.startswith(skipped) or k in EVERY_STEP
   }
 
 

@@ -109,6 +109,7 @@ class Trajectory:
   turn_played: jax.Array  # [B, K] bool
   response_lengths: jax.Array  # [B, K] int32 tokens generated
   turn_format_ok: jax.Array  # [B, K] bool: the answer grammar matched
+  turn_thought: jax.Array  # [B, K] bool: matched with non-blank <think>
   turn_valid: jax.Array  # [B, K] bool: some action, and every part valid
   turn_effective: jax.Array  # [B, K] bool: an executed action changed state
   turn_penalized: jax.Array  # [B, K] bool: the format penalty applied
@@ -456,6 +457,7 @@ def rollout(
       played=active,
       response_length=jnp.where(active, d.count, 0),
       format_ok=active & parsed.matched,
+      thought=active & parsed.thought,
       valid=active & (num_valid > 0) & (num_valid == parsed.num_parts),
       effective=active & effective,
       penalized=penalized,
@@ -478,6 +480,7 @@ def rollout(
     turn_played=per_turn["played"],
     response_lengths=per_turn["response_length"],
     turn_format_ok=per_turn["format_ok"],
+    turn_thought=per_turn["thought"],
     turn_valid=per_turn["valid"],
     turn_effective=per_turn["effective"],
     turn_penalized=per_turn["penalized"],

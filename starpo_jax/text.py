@@ -514,6 +514,7 @@ class Codec:
 @struct.dataclass
 class Parsed:
   matched: jax.Array  # [] bool: the grammar matched
+  thought: jax.Array  # [] bool: matched, with a non-blank <think> block
   actions: jax.Array  # [A] int32 action ids, -1 where a part names none
   num_parts: jax.Array  # [] int32 non-empty parts kept (<= A)
 
@@ -655,6 +656,8 @@ def parse_bytes(
     j = _first(valid_close & (idx >= first_open + len(THINK_OPEN)), n)
     matched = (first_open < n) & (j < n)
     start = content_from[jnp.clip(j, 0, n - 1)]
+    think_from = jnp.clip(first_open + len(THINK_OPEN), 0, n - 1)
+    thought = matched & (next_nonws[think_from] < j)
   else:
     first_open = _first(a_open, n)
     start = first_open + len(ANSWER_OPEN)
@@ -664,6 +667,7 @@ def parse_bytes(
       & (close_after[jnp.clip(start, 0, n - 1)] >= start)
       & (start < n)
     )
+    thought = jnp.zeros((), bool)
   start = jnp.where(matched, start, 0)
   end = jnp.where(
     matched, _first(a_close & (idx >= start), n), 0
@@ -679,9 +683,10 @@ def parse_bytes(
     for k in range(len(marker)):
       covered = covered | jnp.concatenate([jnp.zeros(k, bool), hit[: n - k]])
     content, length = pack([(content, (idx < length) & ~covered)], n)
-  return _split_actions(
+  parsed = _split_actions(
     content, length, matched, max_actions, action_bytes, action_lengths
   )
+  return parsed.replace(thought=thought)
 
 
 def _split_actions(
@@ -739,6 +744,7 @@ def _split_actions(
   actions = jnp.where(found & live, jnp.argmax(names, axis=-1), -1)
   return Parsed(
     matched=matched,
+    thought=jnp.zeros((), bool),
     actions=actions.astype(jnp.int32),
     num_parts=num_parts.astype(jnp.int32),
   )

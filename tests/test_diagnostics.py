@@ -194,7 +194,13 @@ def test_collapse_is_skipped_off_its_steps_and_logged_only_when_computed():
   traj = trajectory()
   fields = {f: getattr(traj, f) for f in Trajectory.__dataclass_fields__}
   played = jnp.ones((len(REPLIES), 2), bool)
-  fields.update(turn_valid=played, turn_format_ok=played)
+  thought = played.at[:, 1].set(False)
+  fields.update(
+    turn_valid=played,
+    turn_format_ok=played,
+    turn_played=played,
+    turn_thought=thought,
+  )
   traj = Trajectory(**fields)
   traced = chex.assert_max_traces(
     lambda *args: diagnostics.collapse(*args), n=1
@@ -208,4 +214,5 @@ def test_collapse_is_skipped_off_its_steps_and_logged_only_when_computed():
   host = lambda m: {k: float(v) for k, v in m.items()}
   assert "collapse/mi" not in diagnostics.logged(host(off))
   assert "collapse/first_turn_valid_rate" in diagnostics.logged(host(off))
+  assert float(off["collapse/valid_thinking_rate"]) == 0.5
   assert "collapse/mi" in diagnostics.logged(host(on))

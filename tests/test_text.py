@@ -155,7 +155,7 @@ def test_jitted_parse_equals_the_regex_reference(
   for i, s in enumerate(samples):
     tokens[i, : len(s)] = s
   parse = _parser((tok_name, env_name, think))
-  matched_count = valid_count = 0
+  matched_count = valid_count = thought_count = 0
   for lo in range(0, count, 2000):
     got = to_numpy(
       parse(
@@ -176,6 +176,8 @@ def test_jitted_parse_equals_the_regex_reference(
         action_names=spec.action_names,
       )
       assert bool(got.matched[j]) == matched, data
+      assert bool(got.thought[j]) == (think and ref.thought(data)), data
+      thought_count += bool(got.thought[j])
       assert got.num_parts[j] == len(actions), data
       assert list(got.actions[j, : len(actions)]) == actions, data
       assert np.all(got.actions[j, len(actions) :] == -1), data
@@ -184,6 +186,8 @@ def test_jitted_parse_equals_the_regex_reference(
   # The generator must exercise both outcomes, and valid actions.
   assert 0.2 * count < matched_count < 0.9 * count
   assert valid_count > 0.05 * count
+  if think:  # blank and non-blank reasoning both occur
+    assert 0.05 * matched_count < thought_count < 0.95 * matched_count
 
 
 @pytest.mark.parametrize("tok_name", sorted(TOKENIZERS))
