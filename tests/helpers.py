@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from unittest import mock
 
+import chex
 import jax
 import numpy as np
 
@@ -38,6 +41,20 @@ def assert_compiles_once(fn: Callable, *calls: tuple) -> list:
     f"traced {TRACES[name]} times for {len(calls)} calls"
   )
   return outs
+
+
+@contextlib.contextmanager
+def traced_at_most_once(module, builder: str) -> Iterator[None]:
+  """While active, what ``module.builder(...)`` builds is wrapped in
+  ``chex.assert_max_traces(n=1)``: once jitted, a second trace of it (a
+  recompilation, on any later call) raises ``AssertionError``."""
+  build = getattr(module, builder)
+
+  def once(*args, **kwargs):
+    return chex.assert_max_traces(build(*args, **kwargs), n=1)
+
+  with mock.patch.object(module, builder, once):
+    yield
 
 
 def peer_of(name, env, s):

@@ -13,6 +13,7 @@ import subprocess
 import matplotlib.image
 import pytest
 
+from benchmarks import study_table
 from starpo_jax import report
 
 TRANSCRIPT = "turn 1\nuser: #P_O#\nassistant: <answer>Up</answer>\nreward 1.0\n"
@@ -197,3 +198,20 @@ def test_every_plot_loads_in_headless_chromium(tmp_path):
     name, size = item.split(":")
     w, h = map(int, size.split("x"))
     assert (w, h) == (500, 340), name  # 5 x 3.4 inches at 100 dpi
+
+
+def test_the_study_table_reads_first_and_last_values(tmp_path):
+  a = write_run(tmp_path / "starpo", success=0.3, collapse_from=15)
+  text = study_table.table([report.load_run(str(a))])
+  rows = dict(
+    (line.split(" | ")[0].strip("| "), line.split(" | ")[1].strip(" |"))
+    for line in text.splitlines()[2:]
+  )
+  assert rows["final held-out success"] == "30.0% [25.0, 35.0]"
+  assert (
+    rows["held-out success by step"] == "30.0 / 30.0 / 30.0 (steps 10, 20, 30)"
+  )
+  # MI log(8)/2 until step 15, then 0.
+  assert rows["MI(prompt; reply) nats, first / last"] == "1.040 / 0.000"
+  # Training success s * 0.3 / 30: mean over steps 1-10, then 21-30.
+  assert rows["training success %, first / last 10"] == "5.5 / 25.5"

@@ -1,0 +1,113 @@
+"""The README's collapse-study table, from the runs of benchmarks/study.sh.
+
+  python -m benchmarks.study_table runs/study/frozen_lake-starpo \\
+    runs/study/frozen_lake-starpo_s runs/study/frozen_lake-grpo
+
+One column per run: held-out success at every evaluation and at the end
+(with its 95% interval) beside the random valid player, then training
+success, valid actions, entropy, the in-group reward spread and the
+collapse diagnostics over the first and last ``WINDOW`` steps (the
+diagnostics at their first and last computation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from starpo_jax import report
+
+WINDOW = 10
+
+
+def _mean(values: list[float]) -> float:
+  return sum(values) / len(values)
+
+
+def column(run: report.Run) -> dict[str, str]:
+  """The cells of one run."""
+  rs = run.records
+  _, success = report.series(rs, "eval/success")
+  steps, _ = report.series(rs, "eval/success")
+  final = next(r for r in reversed(rs) if "eval/success" in r)
+  cells = {
+    "held-out success by step": " / ".join(f"{100 * s:.1f}" for s in success)
+    + f" (steps {', '.join(map(str, steps))})",
+    "final held-out success": (
+      f"{100 * final['eval/success']:.1f}% "
+      f"[{100 * final['eval/success_lo']:.1f}, "
+      f"{100 * final['eval/success_hi']:.1f}]"
+    ),
+    "random valid player": f"{100 * final['eval/random_success']:.1f}%",
+  }
+
+  def first_last(key: str, label: str, scale: float = 1.0, fmt=".2f"):
+    _, ys = report.series(rs, key)
+    if not ys:
+      return
+    a, b = _mean(ys[:WINDOW]), _mean(ys[-WINDOW:])
+    cells[label] = f"{scale * a:{fmt}} / {scale * b:{fmt}}"
+
+  def at_ends(key: str, label: str, fmt=".3f"):
+    _, ys = report.series(rs, key)
+    if ys:
+      cells[label] = f"{ys[0]:{fmt}} / {ys[-1]:{fmt}}"
+
+  first_last(
+    "rollout/success", "training success %, first / last 10", 100, ".1f"
+  )
+  first_last(
+    "rollout/valid_action_rate", "valid actions %, first / last 10", 100, ".1f"
+  )
+  first_last("rollout/entropy", "entropy per token, first / last 10")
+  first_last(
+    "rollout/in_group_reward_std", "in-group reward std, first / last 10"
+  )
+  first_last(
+    "rollout/response_length", "reply tokens, first / last 10", 1, ".1f"
+  )
+  at_ends("collapse/mi", "MI(prompt; reply) nats, first / last")
+  _, bound = report.series(rs, "collapse/mi_bound")
+  if bound:
+    cells["MI bound log G"] = f"{bound[-1]:.3f}"
+  at_ends("collapse/retrieval@1", "retrieval@1, first / last", ".2f")
+  _, chance = report.series(rs, "collapse/retrieval_chance@1")
+  if chance:
+    cells["retrieval chance@1"] = f"{chance[-1]:.3f}"
+  at_ends("grads/task", "task gradient norm, first / last")
+  at_ends("grads/entropy", "entropy-term gradient norm, first / last", ".4f")
+  _, elapsed = report.series(rs, "time/elapsed_s")
+  cells["wall time"] = f"{elapsed[-1] / 60:.1f} min"
+  return cells
+
+
+def table(runs: list[report.Run]) -> str:
+  cols = [column(r) for r in runs]
+  rows = list(dict.fromkeys(k for c in cols for k in c))
+  out = [
+    "| | " + " | ".join(r.label for r in runs) + " |",
+    "|---|" + "---|" * len(runs),
+  ]
+  out += [
+    f"| {row} | " + " | ".join(c.get(row, "-") for c in cols) + " |"
+    for row in rows
+  ]
+  return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("workdirs", nargs="+")
+  args = parser.parse_args(argv)
+  runs = [
+    report.load_run(w, os.path.basename(os.path.normpath(w)))
+    for w in args.workdirs
+  ]
+  text = table(runs)
+  print(text)
+  return {"table": text}
+
+
+if __name__ == "__main__":
+  main()
