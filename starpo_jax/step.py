@@ -756,6 +756,66 @@ def prepare(
   return Prepared(traj, scored, selection, constrain(batch))
 
 
+def diagnose(
+  learner: Learner,
+  state: TrainState,
+  codec: Codec,
+  p: Prepared,
+  rollout_cfg: RolloutConfig,
+  algo: AlgoConfig,
+  cfg: diagnostics.DiagnosticsConfig,
+) -> dict[str, jax.Array]:
+  """The periodic diagnostics of the step after ``state.step``, at the
+  parameters that played ``p``: the collapse diagnostics every
+  ``cfg.collapse_every`` steps, the gradient split every
+  ``cfg.gradients_every`` (``diagnostics.periodic``: zeros elsewhere)."""
+  out = {}
+  number = state.step + 1
+  if cfg.collapse_every:
+    policy = nnx.merge(learner.policy_def, state.policy)
+    logp_fn = lambda tokens, positions: sequence_logprobs(
+      policy,
+      tokens,
+      positions,
+      rollout_cfg.temperature,
+      codec.allowed,
+      algo.logits_chunk,
+    )[0]
+    out.update(
+      diagnostics.collapse(
+        logp_fn,
+        p.traj,
+        rollout_cfg.env_groups,
+        rollout_cfg.max_new_tokens,
+        context_needed(codec, rollout_cfg, 1),
+        number % cfg.collapse_every == 0,
+      )
+    )
+  if cfg.gradients_every:
+    sc = p.scored
+    group_std = filtering.group_scores(
+      "reward_std",
+      sc.scores,
+      sc.lengths,
+      sc.episode_entropy,
+      rollout_cfg.env_groups,
+    )
+    compute = lambda: gradient_split(
+      learner,
+      state,
+      p.batch,
+      group_std,
+      algo,
+      rollout_cfg.temperature,
+      codec.allowed,
+      cfg.buckets,
+    )
+    out.update(
+      diagnostics.periodic(compute, number % cfg.gradients_every == 0, "grads")
+    )
+  return out
+
+
 def step_keys(state: TrainState) -> tuple[jax.Array, jax.Array]:
   """The rollout key and the minibatch-shuffling key of ``state.step``."""
   k_roll, k_perm = jax.random.split(jax.random.fold_in(state.key, state.step))
@@ -829,50 +889,10 @@ def make_step(
       algo,
     )
     metrics["train/nonfinite_streak"] = new_state.nonfinite.astype(jnp.float32)
-    if diag_cfg is not None and diag_cfg.collapse_every:
-      metrics.update(collapse_diagnostics(state, codec, p.traj))
-    if diag_cfg is not None and diag_cfg.gradients_every:
-      metrics.update(gradient_diagnostics(state, codec, p))
+    if diag_cfg is not None:
+      metrics.update(
+        diagnose(learner, state, codec, p, rollout_cfg, algo, diag_cfg)
+      )
     return new_state, metrics
-
-  def gradient_diagnostics(state: TrainState, codec: Codec, p: Prepared):
-    group_std = filtering.group_scores(
-      "reward_std",
-      p.scored.scores,
-      p.scored.lengths,
-      p.scored.episode_entropy,
-      rollout_cfg.env_groups,
-    )
-    compute = lambda: gradient_split(
-      learner,
-      state,
-      p.batch,
-      group_std,
-      algo,
-      rollout_cfg.temperature,
-      codec.allowed,
-      diag_cfg.buckets,
-    )
-    when = (state.step + 1) % diag_cfg.gradients_every == 0
-    return diagnostics.periodic(compute, when, "grads")
-
-  def collapse_diagnostics(state: TrainState, codec: Codec, traj: Trajectory):
-    policy = nnx.merge(learner.policy_def, state.policy)
-    logp_fn = lambda tokens, positions: sequence_logprobs(
-      policy,
-      tokens,
-      positions,
-      rollout_cfg.temperature,
-      codec.allowed,
-      algo.logits_chunk,
-    )[0]
-    return diagnostics.collapse(
-      logp_fn,
-      traj,
-      rollout_cfg.env_groups,
-      rollout_cfg.max_new_tokens,
-      context_needed(codec, rollout_cfg, 1),
-      (state.step + 1) % diag_cfg.collapse_every == 0,
-    )
 
   return sharding.traced_for(mesh, step)
