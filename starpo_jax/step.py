@@ -699,7 +699,11 @@ def gradient_split(
   masks = [batch.mask] * len(TERMS) + [
     batch.mask & (of_episode == k) for k in range(buckets)
   ]
-  micro = micro_batches(b, length, algo.micro_batch_tokens)
+  # Never more at once than the update holds: a minibatch, or its micro-batch.
+  per_minibatch = b // algo.minibatches
+  micro = algo.minibatches * micro_batches(
+    per_minibatch, length, algo.micro_batch_tokens
+  )
 
   def norm(args):
     w, mask = args
