@@ -169,6 +169,46 @@ class _Decode:
   key: jax.Array
 
 
+@struct.dataclass
+class _Prompted:
+  """A turn after its prompt chunk was prefilled."""
+
+  active: jax.Array  # [B] the episode plays this turn
+  fits: jax.Array  # [B] the chunk and one token fit the context
+  context_truncated: jax.Array  # [B] so far, this turn included
+  decode: _Decode  # the decode loop's starting state
+
+
+@struct.dataclass
+class _Acting:
+  """The action scan's carry: one turn's parsed actions played in order."""
+
+  states: object  # environment states, [B, ...]
+  used: jax.Array  # [B] actions executed in the episode
+  env_done: jax.Array  # [B] the environment ended during this turn
+  reward: jax.Array  # [B] the turn's environment reward
+  effective: jax.Array  # [B] some action changed the state
+  success: jax.Array  # [B]
+  terminated: jax.Array  # [B]
+  unavailable: jax.Array  # [B] parts naming an action not offered here
+
+
+@struct.dataclass
+class _TurnRecord:
+  """What a turn leaves in the trajectory's per-turn arrays, ``[B]`` each
+  (``actions [B, A]``)."""
+
+  reward: jax.Array
+  played: jax.Array
+  response_length: jax.Array
+  format_ok: jax.Array
+  thought: jax.Array
+  valid: jax.Array
+  effective: jax.Array
+  penalized: jax.Array
+  actions: jax.Array
+
+
 def _write(buffer: jax.Array, start: jax.Array, block: jax.Array, keep):
   """Row-wise ``buffer[b, start[b]:start[b]+w] = block[b]`` where ``keep``."""
 
@@ -224,34 +264,21 @@ class Policy(Protocol):
   def __call__(self, tokens, cache, num_new=None) -> tuple[jax.Array, Any]: ...
 
 
-def rollout(
+def _start(
   model: Policy,
   codec: Codec,
   env: Env,
   cfg: RolloutConfig,
   key: jax.Array,
-  constrain: Callable[[Any], Any] = lambda tree: tree,
-) -> Trajectory:
-  """Plays ``cfg.batch`` episodes; jit it with ``model`` and ``codec`` as
-  arguments (``env`` and ``cfg`` are static).
-
-  The cache ``model.init_cache`` returns must have ``length [B]`` (tokens
-  held per sequence) and ``broadcast(batch)``. ``constrain`` places
-  episode-batch arrays on devices (``sharding.batch_constraint``).
-  """
-  b, k_turns, t_new, length = (
-    cfg.batch,
-    cfg.max_turns,
-    cfg.max_new_tokens,
-    cfg.max_context,
-  )
-  chunk = codec.turn_chunk_size(k_turns, cfg.max_actions_per_traj)
+  chunk: int,
+) -> _Carry:
+  """Fresh episodes with the system prompt prefilled (once, then broadcast:
+  it is the same for every episode)."""
+  b, length = cfg.batch, cfg.max_context
   # Buffers and cache get `chunk` slack so a chunk written near the end of
   # the context never clamps onto earlier tokens.
   width = length + chunk
   k_reset, k_sample = jax.random.split(key)
-  states = constrain(reset(env, cfg, k_reset))
-
   system = jnp.asarray(codec.fragments.system, jnp.int32)
   if system.shape[0] + chunk + 1 > length:
     raise ValueError(
@@ -259,16 +286,13 @@ def rollout(
       f"({system.shape[0]} tokens) and one turn (up to {chunk} + 1 tokens) "
       f"need {system.shape[0] + chunk + 1}"
     )
-  # The system prompt is the same for every episode: prefill it once.
   _, cache = model.hidden(system[None], model.init_cache(1, width))
-  cache = cache.broadcast(b)
   zeros = jnp.zeros((b, width), jnp.int32)
-  tokens = zeros.at[:, : system.shape[0]].set(system)
   false = jnp.zeros((b,), bool)
-  carry = _Carry(
-    states=states,
-    cache=cache,
-    tokens=tokens,
+  return _Carry(
+    states=reset(env, cfg, k_reset),
+    cache=cache.broadcast(b),
+    tokens=zeros.at[:, : system.shape[0]].set(system),
     loss_mask=zeros.astype(bool),
     turn_ids=zeros - 1,
     logprobs=zeros.astype(jnp.float32),
@@ -284,190 +308,240 @@ def rollout(
     context_truncated=false,
     key=k_sample,
   )
-  carry = constrain(carry)
-  decode_sampling = cfg.sampling
+
+
+def _prompt(
+  model: Policy,
+  codec: Codec,
+  env: Env,
+  cfg: RolloutConfig,
+  c: _Carry,
+  turn: jax.Array,
+  chunk: int,
+) -> _Prompted:
+  """Renders each live episode's turn prompt, writes it after the context
+  and prefills it; the next token's logits start the decode."""
+  b, length = cfg.batch, cfg.max_context
+  obs = jax.vmap(codec.render)(*jax.vmap(env.render)(c.states))
+  left = cfg.max_actions_per_traj - c.used
+  prompt, count = jax.vmap(
+    lambda o, r, w, a, e: codec.turn_chunk(
+      turn, o, r, w, a, e, chunk, cfg.max_turns, cfg.max_actions_per_traj
+    )
+  )(obs, c.last_reward, c.warn, left, c.ended_by_stop)
+  start = c.cache.length
+  fits = start + count + 1 <= length
+  active = ~c.done & fits
+  ids = jnp.where(jnp.arange(chunk) < count[:, None], turn, -1)
+  h, cache = model.hidden(prompt, c.cache, jnp.where(active, count, 0))
+  last_h = jnp.take_along_axis(h, jnp.maximum(count - 1, 0)[:, None, None], 1)
+  zero = jnp.zeros((b,), jnp.int32)
+  return _Prompted(
+    active=active,
+    fits=fits,
+    context_truncated=c.context_truncated | (~c.done & ~fits),
+    decode=_Decode(
+      step=jnp.zeros((), jnp.int32),
+      logits=model.logits(last_h)[:, 0],
+      live=active,
+      stop_state=zero,
+      reply=jnp.zeros((b, cfg.max_new_tokens), jnp.int32),
+      count=zero,
+      last=zero,
+      cache=cache,
+      tokens=_write(c.tokens, start, prompt, active[:, None]),
+      loss_mask=c.loss_mask,
+      logprobs=c.logprobs,
+      entropy=c.entropy,
+      turn_ids=_write(c.turn_ids, start, ids, active[:, None]),
+      key=c.key,
+    ),
+  )
+
+
+def _decode_token(
+  model: Policy, codec: Codec, cfg: RolloutConfig, turn: jax.Array, d: _Decode
+) -> _Decode:
+  """Samples one token for every live sequence, records it and feeds it
+  back; a sequence stops at ``</answer>``, a chat stop token or the
+  context's end."""
+  key, sub = jax.random.split(d.key)
+  tok, logp = sampling.sample(sub, d.logits, cfg.sampling, codec.allowed)
+  dist = sampling.policy_logprobs(d.logits, cfg.temperature, codec.allowed)
+  ent = -jnp.sum(jnp.exp(dist) * dist, axis=-1)
+  pos, live = d.cache.length, d.live
+  stop_state, hit = codec.stop_step(d.stop_state, tok)
+  logits, cache = model(tok[:, None], d.cache, live.astype(jnp.int32))
   stop_ids = jnp.asarray(codec.stop_ids, jnp.int32)
+  stop = hit | jnp.isin(tok, stop_ids) | (cache.length >= cfg.max_context)
+  return _Decode(
+    step=d.step + 1,
+    logits=logits[:, 0],
+    live=live & ~stop,
+    stop_state=jnp.where(live, stop_state, d.stop_state),
+    reply=d.reply.at[:, d.step].set(jnp.where(live, tok, 0)),
+    count=d.count + live,
+    last=jnp.where(live, tok, d.last),
+    cache=cache,
+    tokens=_set(d.tokens, pos, tok, live),
+    loss_mask=_set(d.loss_mask, pos, jnp.ones_like(live), live),
+    logprobs=_set(d.logprobs, pos, logp, live),
+    entropy=_set(d.entropy, pos, ent, live),
+    turn_ids=_set(d.turn_ids, pos, jnp.full_like(tok, turn), live),
+    key=key,
+  )
 
-  def turn_body(c: _Carry, turn: jax.Array):
-    obs = jax.vmap(codec.render)(*jax.vmap(env.render)(c.states))
-    left = cfg.max_actions_per_traj - c.used
-    prompt, count = jax.vmap(
-      lambda o, r, w, a, e: codec.turn_chunk(
-        turn, o, r, w, a, e, chunk, k_turns, cfg.max_actions_per_traj
-      )
-    )(obs, c.last_reward, c.warn, left, c.ended_by_stop)
-    start = c.cache.length
-    fits = start + count + 1 <= length
-    active = ~c.done & fits
-    context_truncated = c.context_truncated | (~c.done & ~fits)
-    tokens = _write(c.tokens, start, prompt, active[:, None])
-    ids = jnp.where(jnp.arange(chunk) < count[:, None], turn, -1)
-    turn_ids = _write(c.turn_ids, start, ids, active[:, None])
-    h, cache = model.hidden(prompt, c.cache, jnp.where(active, count, 0))
-    last_h = jnp.take_along_axis(h, jnp.maximum(count - 1, 0)[:, None, None], 1)
-    logits = model.logits(last_h)[:, 0]
 
-    def decode_cond(d: _Decode):
-      return (d.step < t_new) & jnp.any(d.live)
+def _decode(
+  model: Policy, codec: Codec, cfg: RolloutConfig, turn: jax.Array, d: _Decode
+) -> _Decode:
+  """Decodes until every sequence stopped or ``max_new_tokens``."""
+  return jax.lax.while_loop(
+    lambda d: (d.step < cfg.max_new_tokens) & jnp.any(d.live),
+    lambda d: _decode_token(model, codec, cfg, turn, d),
+    d,
+  )
 
-    def decode_body(d: _Decode) -> _Decode:
-      key, sub = jax.random.split(d.key)
-      tok, logp = sampling.sample(sub, d.logits, decode_sampling, codec.allowed)
-      dist = sampling.policy_logprobs(d.logits, cfg.temperature, codec.allowed)
-      ent = -jnp.sum(jnp.exp(dist) * dist, axis=-1)
-      pos = d.cache.length
-      live = d.live
-      tokens = _set(d.tokens, pos, tok, live)
-      loss_mask = _set(d.loss_mask, pos, jnp.ones_like(live), live)
-      logprobs = _set(d.logprobs, pos, logp, live)
-      entropy = _set(d.entropy, pos, ent, live)
-      turn_ids = _set(d.turn_ids, pos, jnp.full_like(tok, turn), live)
-      reply = d.reply.at[:, d.step].set(jnp.where(live, tok, 0))
-      stop_state, hit = codec.stop_step(d.stop_state, tok)
-      logits, cache = model(tok[:, None], d.cache, live.astype(jnp.int32))
-      count = d.count + live
-      stop = hit | jnp.isin(tok, stop_ids) | (cache.length >= length)
-      return _Decode(
-        step=d.step + 1,
-        logits=logits[:, 0],
-        live=live & ~stop,
-        stop_state=jnp.where(live, stop_state, d.stop_state),
-        reply=reply,
-        count=count,
-        last=jnp.where(live, tok, d.last),
-        cache=cache,
-        tokens=tokens,
-        loss_mask=loss_mask,
-        logprobs=logprobs,
-        entropy=entropy,
-        turn_ids=turn_ids,
-        key=key,
-      )
 
-    d = jax.lax.while_loop(
-      decode_cond,
-      decode_body,
-      _Decode(
-        step=jnp.zeros((), jnp.int32),
-        logits=logits,
-        live=active,
-        stop_state=jnp.zeros((b,), jnp.int32),
-        reply=jnp.zeros((b, t_new), jnp.int32),
-        count=jnp.zeros((b,), jnp.int32),
-        last=jnp.zeros((b,), jnp.int32),
-        cache=cache,
-        tokens=tokens,
-        loss_mask=c.loss_mask,
-        logprobs=c.logprobs,
-        entropy=c.entropy,
-        turn_ids=turn_ids,
-        key=c.key,
-      ),
+def _act(
+  env: Env,
+  cfg: RolloutConfig,
+  c: _Carry,
+  actions: jax.Array,
+  active: jax.Array,
+) -> tuple[_Acting, jax.Array]:
+  """Plays a turn's parsed ``actions [B, A]`` in order while the episode
+  lives, within its action budget.
+
+  Returns:
+    The environments after them, and the actions executed ``[A, B]``
+    (-1 where none was).
+  """
+
+  def one(a: _Acting, action: jax.Array) -> tuple[_Acting, jax.Array]:
+    budget = a.used < cfg.max_actions_per_traj
+    go = active & (action >= 0) & ~a.env_done & budget
+    new, ts = jax.vmap(env.step)(a.states, jnp.maximum(action, 0))
+    states = jax.tree.map(
+      lambda x, o: jnp.where(go.reshape(-1, *[1] * (x.ndim - 1)), x, o),
+      new,
+      a.states,
     )
-    parsed = constrain(jax.vmap(codec.parse)(d.reply, d.count))
-
-    def act(carry, slot):
-      (
-        states,
-        used,
-        env_done,
-        reward,
-        effective,
-        success,
-        terminated,
-        unavailable,
-      ) = carry
-      action = parsed.actions[:, slot]
-      budget = used < cfg.max_actions_per_traj
-      go = active & (action >= 0) & ~env_done & budget
-      new, ts = jax.vmap(env.step)(states, jnp.maximum(action, 0))
-      states = jax.tree.map(
-        lambda a, o: jnp.where(go.reshape(-1, *[1] * (a.ndim - 1)), a, o),
-        new,
-        states,
-      )
-      return (
-        states,
-        used + go,
-        env_done | (go & ts.done),
-        reward + jnp.where(go, ts.reward, 0.0),
-        effective | (go & ts.effective),
-        jnp.where(go, ts.success, success),
-        jnp.where(go, ts.terminated, terminated),
-        unavailable + (go & ~ts.valid),
-      ), jnp.where(go, action, -1)
-
-    init = (
-      c.states,
-      c.used,
-      false,
-      jnp.zeros((b,), jnp.float32),
-      false,
-      c.success,
-      c.terminated,
-      jnp.zeros((b,), jnp.int32),
-    )
-    (
-      (
-        states,
-        used,
-        env_done,
-        env_reward,
-        effective,
-        success,
-        terminated,
-        unavailable,
-      ),
-      executed,
-    ) = jax.lax.scan(act, init, jnp.arange(cfg.max_actions_per_turn))
-    # An action name the environment does not offer in this state (the
-    # bandit's arms are two of many names) is invalid, as in RAGEN, where
-    # each episode's action lookup holds only what it offers: it costs the
-    # format penalty rather than passing as a free no-op.
-    num_valid = parsed.num_valid - unavailable
-    penalized = active & ((num_valid == 0) | (num_valid < parsed.num_parts))
-    reward = env_reward + jnp.where(penalized, cfg.format_penalty, 0.0)
-    last_pos = d.cache.length - 1
-    rewards = _set(c.rewards, last_pos, reward, active & (d.count > 0))
-    out_of_budget = used >= cfg.max_actions_per_traj
-    last_turn = turn == k_turns - 1
-    ended = active & (env_done | out_of_budget | last_turn)
-    new_c = _Carry(
+    return _Acting(
       states=states,
-      cache=d.cache,
-      tokens=d.tokens,
-      loss_mask=d.loss_mask,
-      turn_ids=d.turn_ids,
-      logprobs=d.logprobs,
-      entropy=d.entropy,
-      rewards=rewards,
-      done=c.done | ended | ~fits,
-      used=used,
-      last_reward=jnp.where(active, reward, c.last_reward),
-      warn=active & (num_valid == 0),
-      ended_by_stop=d.last == codec.chat_stop,
-      terminated=terminated,
-      success=success,
-      context_truncated=context_truncated,
-      key=d.key,
-    )
-    new_c = constrain(new_c)
-    per_turn = dict(
-      reward=jnp.where(active, reward, 0.0),
-      played=active,
-      response_length=jnp.where(active, d.count, 0),
-      format_ok=active & parsed.matched,
-      thought=active & parsed.thought,
-      valid=active & (num_valid > 0) & (num_valid == parsed.num_parts),
-      effective=active & effective,
-      penalized=penalized,
-      actions=executed.T,  # [B, A]
-    )
-    return new_c, per_turn
+      used=a.used + go,
+      env_done=a.env_done | (go & ts.done),
+      reward=a.reward + jnp.where(go, ts.reward, 0.0),
+      effective=a.effective | (go & ts.effective),
+      success=jnp.where(go, ts.success, a.success),
+      terminated=jnp.where(go, ts.terminated, a.terminated),
+      unavailable=a.unavailable + (go & ~ts.valid),
+    ), jnp.where(go, action, -1)
 
-  c, per_turn = jax.lax.scan(turn_body, carry, jnp.arange(k_turns))
-  per_turn = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), per_turn)  # [B, K]
-  crop = lambda x: x[:, :length]
+  b = cfg.batch
+  start = _Acting(
+    states=c.states,
+    used=c.used,
+    env_done=jnp.zeros((b,), bool),
+    reward=jnp.zeros((b,), jnp.float32),
+    effective=jnp.zeros((b,), bool),
+    success=c.success,
+    terminated=c.terminated,
+    unavailable=jnp.zeros((b,), jnp.int32),
+  )
+  return jax.lax.scan(one, start, actions[:, : cfg.max_actions_per_turn].T)
+
+
+def _end_turn(
+  codec: Codec,
+  cfg: RolloutConfig,
+  c: _Carry,
+  p: _Prompted,
+  d: _Decode,
+  parsed: Any,
+  a: _Acting,
+  executed: jax.Array,
+  turn: jax.Array,
+) -> tuple[_Carry, _TurnRecord]:
+  """The turn's reward (with the format penalty) on its last token, what
+  ends the episode, and the turn's record."""
+  active = p.active
+  # An action name the environment does not offer in this state (the
+  # bandit's arms are two of many names) is invalid, as in RAGEN, where
+  # each episode's action lookup holds only what it offers: it costs the
+  # format penalty rather than passing as a free no-op.
+  num_valid = parsed.num_valid - a.unavailable
+  penalized = active & ((num_valid == 0) | (num_valid < parsed.num_parts))
+  reward = a.reward + jnp.where(penalized, cfg.format_penalty, 0.0)
+  rewards = _set(c.rewards, d.cache.length - 1, reward, active & (d.count > 0))
+  out_of_budget = a.used >= cfg.max_actions_per_traj
+  ended = active & (a.env_done | out_of_budget | (turn == cfg.max_turns - 1))
+  carry = _Carry(
+    states=a.states,
+    cache=d.cache,
+    tokens=d.tokens,
+    loss_mask=d.loss_mask,
+    turn_ids=d.turn_ids,
+    logprobs=d.logprobs,
+    entropy=d.entropy,
+    rewards=rewards,
+    done=c.done | ended | ~p.fits,
+    used=a.used,
+    last_reward=jnp.where(active, reward, c.last_reward),
+    warn=active & (num_valid == 0),
+    ended_by_stop=d.last == codec.chat_stop,
+    terminated=a.terminated,
+    success=a.success,
+    context_truncated=p.context_truncated,
+    key=d.key,
+  )
+  record = _TurnRecord(
+    reward=jnp.where(active, reward, 0.0),
+    played=active,
+    response_length=jnp.where(active, d.count, 0),
+    format_ok=active & parsed.matched,
+    thought=active & parsed.thought,
+    valid=active & (num_valid > 0) & (num_valid == parsed.num_parts),
+    effective=active & a.effective,
+    penalized=penalized,
+    actions=executed.T,
+  )
+  return carry, record
+
+
+def rollout(
+  model: Policy,
+  codec: Codec,
+  env: Env,
+  cfg: RolloutConfig,
+  key: jax.Array,
+  constrain: Callable[[Any], Any] = lambda tree: tree,
+) -> Trajectory:
+  """Plays ``cfg.batch`` episodes; jit it with ``model`` and ``codec`` as
+  arguments (``env`` and ``cfg`` are static).
+
+  Each turn: ``_prompt`` (render, write, prefill), ``_decode`` (sample the
+  reply), parse, ``_act`` (step the environment through the parsed
+  actions), ``_end_turn`` (reward, termination, the turn's record).
+
+  The cache ``model.init_cache`` returns must have ``length [B]`` (tokens
+  held per sequence) and ``broadcast(batch)``. ``constrain`` places
+  episode-batch arrays on devices (``sharding.batch_constraint``).
+  """
+  chunk = codec.turn_chunk_size(cfg.max_turns, cfg.max_actions_per_traj)
+  carry = constrain(_start(model, codec, env, cfg, key, chunk))
+
+  def turn_body(c: _Carry, turn: jax.Array) -> tuple[_Carry, _TurnRecord]:
+    p = _prompt(model, codec, env, cfg, c, turn, chunk)
+    d = _decode(model, codec, cfg, turn, p.decode)
+    parsed = constrain(jax.vmap(codec.parse)(d.reply, d.count))
+    a, executed = _act(env, cfg, c, parsed.actions, p.active)
+    c, record = _end_turn(codec, cfg, c, p, d, parsed, a, executed, turn)
+    return constrain(c), record
+
+  c, turns = jax.lax.scan(turn_body, carry, jnp.arange(cfg.max_turns))
+  turns = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), turns)  # [B, K]
+  crop = lambda x: x[:, : cfg.max_context]
   return Trajectory(
     tokens=crop(c.tokens),
     length=c.cache.length,
@@ -476,17 +550,17 @@ def rollout(
     logprobs=crop(c.logprobs),
     entropy=crop(c.entropy),
     rewards=crop(c.rewards),
-    turn_rewards=per_turn["reward"],
-    turn_played=per_turn["played"],
-    response_lengths=per_turn["response_length"],
-    turn_format_ok=per_turn["format_ok"],
-    turn_thought=per_turn["thought"],
-    turn_valid=per_turn["valid"],
-    turn_effective=per_turn["effective"],
-    turn_penalized=per_turn["penalized"],
-    turn_actions=per_turn["actions"],
+    turn_rewards=turns.reward,
+    turn_played=turns.played,
+    response_lengths=turns.response_length,
+    turn_format_ok=turns.format_ok,
+    turn_thought=turns.thought,
+    turn_valid=turns.valid,
+    turn_effective=turns.effective,
+    turn_penalized=turns.penalized,
+    turn_actions=turns.actions,
     num_actions=c.used,
-    episode_return=jnp.sum(per_turn["reward"], axis=-1),
+    episode_return=jnp.sum(turns.reward, axis=-1),
     success=c.success & c.terminated,
     terminated=c.terminated,
     context_truncated=c.context_truncated,
