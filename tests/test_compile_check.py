@@ -30,6 +30,8 @@ def test_memory_falls_with_fsdp(tmp_path):
   out = compile_check(
     "--config=configs/bandit.py:algo=grpo",  # no critic: compiles faster
     "--config.model.num_layers=1",
+    "--config.diagnostics.collapse_every=0",  # compiles faster
+    "--config.diagnostics.gradients_every=0",
     "--mesh=1,1,1",
     "--mesh=1,4,1",
     f"--json={report}",

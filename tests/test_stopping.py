@@ -116,6 +116,7 @@ def test_a_stopped_run_ends_at_that_step_with_a_checkpoint(tmp_path, capsys):
   c.train.checkpoint_every = 100
   c.train.early_stop.enabled = True
   c.train.early_stop.success_patience = 2
+  c.diagnostics.collapse_every = c.diagnostics.gradients_every = 0  # faster
   summary = train.run(c, str(tmp_path))
   assert summary["steps"] == 2
   assert "below 1.0% for 2 evaluations" in summary["early_stop"]

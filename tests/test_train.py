@@ -106,6 +106,7 @@ def test_repeated_nonfinite_steps_stop_the_run_keeping_the_checkpoint(tmp_path):
   c.train.eval_every = 0
   c.train.checkpoint_every = 1
   c.train.max_nonfinite_steps = 2
+  c.diagnostics.collapse_every = c.diagnostics.gradients_every = 0  # faster
   c.rollout.format_penalty = float("-inf")  # NaN advantages
   with pytest.raises(
     train.NonFiniteError, match="last good checkpoint is step 1"
