@@ -28,19 +28,20 @@ def _mean(values: list[float]) -> float:
 def column(run: report.Run) -> dict[str, str]:
   """The cells of one run."""
   rs = run.records
-  _, success = report.series(rs, "eval/success")
-  steps, _ = report.series(rs, "eval/success")
-  final = next(r for r in reversed(rs) if "eval/success" in r)
-  cells = {
-    "held-out success by step": " / ".join(f"{100 * s:.1f}" for s in success)
-    + f" (steps {', '.join(map(str, steps))})",
-    "final held-out success": (
+  steps, success = report.series(rs, "eval/success")
+  cells = {}
+  if success:
+    final = next(r for r in reversed(rs) if "eval/success" in r)
+    cells["held-out success by step"] = (
+      " / ".join(f"{100 * s:.1f}" for s in success)
+      + f" (steps {', '.join(map(str, steps))})"
+    )
+    cells["final held-out success"] = (
       f"{100 * final['eval/success']:.1f}% "
       f"[{100 * final['eval/success_lo']:.1f}, "
       f"{100 * final['eval/success_hi']:.1f}]"
-    ),
-    "random valid player": f"{100 * final['eval/random_success']:.1f}%",
-  }
+    )
+    cells["random valid player"] = f"{100 * final['eval/random_success']:.1f}%"
 
   def first_last(key: str, label: str, scale: float = 1.0, fmt=".2f"):
     _, ys = report.series(rs, key)
