@@ -77,11 +77,13 @@ class DiagnosticsConfig:
   forward passes over one turn of the batch; 0 never.
   ``gradients_every``: the policy gradient split by term and by reward-std
   bucket (``step.gradient_split``) every this many RL steps, at the cost of
-  ``3 + buckets`` backward passes over the batch; 0 never.
+  ``3 + buckets`` backward passes over the batch; 0 (the default) never.
+  Off by default: on the tiny Sokoban config (2 CPU cores) a step that
+  computes it took 43 s against 4.4 s for a plain one.
   """
 
   collapse_every: int = 10
-  gradients_every: int = 10
+  gradients_every: int = 0
   buckets: int = 3
 
   def __post_init__(self) -> None:
