@@ -32,15 +32,17 @@ import envs
 from benchmarks import common
 from envs.bandit import constants as bandit_constants
 from envs.sokoban import solve
+from reference import countdown as ref_countdown
 from reference import envs as ref
 
-ENV_NAMES = ("sokoban", "sokoban_larger", "frozen_lake", "bandit")
+ENV_NAMES = ("sokoban", "sokoban_larger", "frozen_lake", "bandit", "countdown")
 # Random play must not end episodes by truncation inside the timed loop.
 SETTINGS = {
   "sokoban": dict(max_steps=1_000_000),
   "sokoban_larger": dict(max_steps=1_000_000),
   "frozen_lake": dict(success_rate=1.0, max_steps=1_000_000),
   "bandit": {},
+  "countdown": {},
 }
 DEFAULT_BATCHES = (1, 4, 16, 64, 256, 1024, 4096)
 
@@ -67,7 +69,7 @@ def _step_loop(env, steps: int):
       states = jax.tree.map(restart, first, states)
       return (states, check), None
 
-    check = jnp.zeros(actions.shape[1], jnp.int32)
+    check = jnp.zeros(jax.tree.leaves(actions)[0].shape[1], jnp.int32)
     (_, check), _ = jax.lax.scan(body, (states, check), actions)
     return check
 
@@ -88,6 +90,13 @@ def jax_row(name: str, batch: int) -> dict[str, float]:
     # Only the episode's two arms are available; pull one of them.
     pick = jax.random.bernoulli(jax.random.key(2), 0.5, (steps, batch))
     actions = jnp.where(pick, states.low, states.high)
+  if env.spec.text_answers:
+    # Each state's random well-formed answer (Countdown: its numbers joined
+    # by random operators), the same at every step.
+    answers = jax.jit(jax.vmap(env.random_answer))(states, keys)
+    actions = jax.tree.map(
+      lambda x: jnp.broadcast_to(x, (steps, *x.shape)), answers
+    )
   loop = _step_loop(env, steps)
   step_compile, step_time = common.time_jitted(loop, states, actions)
   return {
@@ -189,12 +198,42 @@ def python_rates(name: str) -> dict[str, float]:
       "py_steps_per_s": _python_step_rate(make_peer, step),
       "py_levels_per_s": 1000 / gen_time,
     }
+  if name == "countdown":
+    return _countdown_rates(rng)
   pairs = bandit_constants.TRAIN_PAIRS
   make_peer = lambda rng: ref.bandit_generate(rng, pairs)
 
   def step(peer, rng):
     peer.step(rng.choice((peer.low, peer.high)), rng.random() < 0.25)
     peer.text()
+    return True
+
+  gen_time = common.time_python(lambda: [make_peer(rng) for _ in range(1000)])
+  return {
+    "py_steps_per_s": _python_step_rate(make_peer, step),
+    "py_levels_per_s": 1000 / gen_time,
+  }
+
+
+def _countdown_rates(rng: random.Random) -> dict[str, float]:
+  """Python Countdown: problems drawn as the JAX generator draws them, the
+  answer (numbers joined by random operators) scored by the reference."""
+
+  def make_peer(rng):
+    while True:
+      nums = [rng.randint(1, 99) for _ in range(rng.randint(3, 4))]
+      target = sum(rng.choice((1, -1)) * v for v in nums)
+      if 1 <= target <= 99:
+        ops = [rng.choice("+-*/") for _ in nums[1:]]
+        answer = str(nums[0]) + "".join(
+          f"{op}{v}" for op, v in zip(ops, nums[1:], strict=True)
+        )
+        return target, nums, answer.encode()
+
+  def step(peer, rng):
+    target, nums, answer = peer
+    ref_countdown.reward(answer, target, nums)
+    f"Target: {target}, nums: {nums}"  # the observation
     return True
 
   gen_time = common.time_python(lambda: [make_peer(rng) for _ in range(1000)])

@@ -22,13 +22,7 @@ def get_config(arg=None):
   c.env.eval_kwargs.split = "test"
   common.apply_preset(c, args["algo"])
   common.apply_model(c, args)
-  c.rollout.max_turns = 1
-  c.rollout.max_actions_per_turn = 1
-  c.rollout.max_actions_per_traj = 1
-  # One turn: no credit to assign over time, so group-relative advantages
-  # (no critic to train) unless a critic-based preset is asked for.
-  if args["algo"] == "starpo_s":
-    c.algo.adv_estimator = "grpo"
+  common.single_turn(c, args["algo"])
   if args["model"] == "tiny":
     c.rollout.max_new_tokens = 4
     c.rollout.max_context = 192

@@ -176,6 +176,16 @@ def apply_preset(c: ml_collections.ConfigDict, name: str) -> None:
     c.filter.include_zero = False
 
 
+def single_turn(c: ml_collections.ConfigDict, algo: str) -> None:
+  """One turn, one answer (Bandit, Countdown). No credit to assign over
+  time, so StarPO-S uses group-relative advantages (no critic to train)."""
+  c.rollout.max_turns = 1
+  c.rollout.max_actions_per_turn = 1
+  c.rollout.max_actions_per_traj = 1
+  if algo == "starpo_s":
+    c.algo.adv_estimator = "grpo"
+
+
 def apply_model(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
   """``model=`` / ``ckpt=`` arguments, with settings fit for each model."""
   c.model.preset = args["model"]

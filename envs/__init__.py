@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from envs.bandit import Bandit
-from envs.core import Env, EnvSpec, TimeStep, check_kwargs, to_text
+from envs.core import Answer, Env, EnvSpec, TimeStep, check_kwargs, to_text
+from envs.countdown import Countdown
 from envs.frozen_lake import FrozenLake
 from envs.sokoban import Sokoban
 
@@ -20,6 +21,7 @@ REGISTRY: dict[str, tuple[type, dict[str, Any]]] = {
   "sokoban_larger": (Sokoban, {"dim_room": (8, 8), "num_boxes": 2}),
   "frozen_lake": (FrozenLake, {}),
   "bandit": (Bandit, {}),
+  "countdown": (Countdown, {}),
 }
 
 
@@ -38,4 +40,12 @@ def make(name: str, **kwargs: Any) -> Env:
   return cls(**{**preset, **kwargs})
 
 
-__all__ = ["REGISTRY", "Env", "EnvSpec", "TimeStep", "make", "to_text"]
+__all__ = [
+  "REGISTRY",
+  "Answer",
+  "Env",
+  "EnvSpec",
+  "TimeStep",
+  "make",
+  "to_text",
+]

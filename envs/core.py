@@ -5,7 +5,8 @@ methods are pure functions of pytree states, so they ``jit`` and ``vmap``:
 
   state, ts = env.reset(key)           # the level is a function of ``key``
   state, ts = env.step(state, action)  # action: int32 [] index into
-                                       # ``env.spec.action_names``
+                                       # ``env.spec.action_names``, or an
+                                       # ``Answer`` (``spec.text_answers``)
   pieces, n = env.render(state)        # int32 [max_obs_pieces], int32 []
 
 ``render`` emits ids into the environment's own piece table
@@ -69,6 +70,13 @@ class EnvSpec:
     max_steps: actions after which an episode is truncated.
     piece_limits: optionally, the most times each piece appears in one
       observation (a tighter bound on its length in tokens).
+    text_answers: the answer is free text (an expression, a number), not
+      action names: ``step`` takes an ``Answer`` instead of an action id,
+      and the environment has ``random_answer(state, key) -> Answer``, a
+      well-formed answer that ignores what it is asked (the baseline a
+      policy must beat).
+    answer_pieces: for a text-answer environment, the strings answers are
+      made of (a vocabulary restricted to answers allows them).
   """
 
   name: str
@@ -80,10 +88,21 @@ class EnvSpec:
   max_obs_pieces: int
   max_steps: int
   piece_limits: tuple[int, ...] | None = None
+  text_answers: bool = False
+  answer_pieces: tuple[str, ...] = ()
 
   @property
   def num_actions(self) -> int:
     return len(self.action_names)
+
+
+@struct.dataclass
+class Answer:
+  """A free-text answer: the bytes between ``<answer>`` and ``</answer>``
+  (chat markers removed), as integers."""
+
+  data: jax.Array  # [N] int32 bytes, 0 after `length`
+  length: jax.Array  # [] int32
 
 
 class Env(Protocol):

@@ -18,6 +18,20 @@ def parse(
   action_names: tuple[str, ...],
 ) -> tuple[bool, list[int]]:
   """(matched, action id per kept part, -1 for parts naming no action)."""
+  content = answer(data, think=think, markers=markers)
+  if content is None:
+    return False, []
+  parts = [p.strip(WHITESPACE) for p in content.split(b"||")]
+  parts = [p for p in parts if p][:max_actions]
+  lookup = {name.lower().encode(): i for i, name in enumerate(action_names)}
+  return True, [lookup.get(p.lower(), -1) for p in parts]
+
+
+def answer(
+  data: bytes, *, think: bool, markers: tuple[bytes, ...]
+) -> bytes | None:
+  """The answer's text with the markers removed, or None when the grammar
+  does not match."""
   pattern = (
     rb"<think>(.*?)</think>\s*<answer>(.*?)</answer>"
     if think
@@ -25,14 +39,11 @@ def parse(
   )
   match = re.search(pattern, data, re.DOTALL)
   if not match:
-    return False, []
+    return None
   content = match.group(2 if think else 1)
   for marker in markers:
     content = content.replace(marker, b"")
-  parts = [p.strip(WHITESPACE) for p in content.split(b"||")]
-  parts = [p for p in parts if p][:max_actions]
-  lookup = {name.lower().encode(): i for i, name in enumerate(action_names)}
-  return True, [lookup.get(p.lower(), -1) for p in parts]
+  return content
 
 
 def thought(data: bytes) -> bool:

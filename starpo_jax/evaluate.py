@@ -59,8 +59,13 @@ def random_valid_success(
   """Which episodes ``[B]`` a player solves that takes up to ``actions``
   uniformly random actions among those valid in each state (never a
   malformed or unavailable answer): the bar a policy that ignores the
-  board cannot pass. Jittable; ``states`` are batched."""
+  board cannot pass. An environment with text answers answers once with
+  its ``random_answer`` (Countdown: the numbers in a random order joined
+  by random operators). Jittable; ``states`` are batched."""
   b = jax.tree.leaves(states)[0].shape[0]
+  if env.spec.text_answers:
+    answers = jax.vmap(env.random_answer)(states, jax.random.split(key, b))
+    return jax.vmap(env.step)(states, answers)[1].success
   play = lambda s, k: planning.random_valid_play(env, s, actions, k)[1]
   return jax.vmap(play)(states, jax.random.split(key, b))
 
@@ -70,8 +75,10 @@ def episode_record(
 ) -> dict[str, Any]:
   """One episode turn by turn, as plain values (a JSON line): the prompt
   text the model read, its reply, the actions the environment executed
-  (by name), the turn's reward (format penalty included) and whether the
-  answer was well-formed and valid."""
+  (by name; ``"answer"`` when an environment took a text answer), the
+  turn's reward (format penalty included) and whether the answer was
+  well-formed and valid."""
+  action_names = action_names or ("answer",)
   tokens = np.asarray(traj.tokens[episode])
   turn_ids = np.asarray(traj.turn_ids[episode])
   generated = np.asarray(traj.loss_mask[episode])

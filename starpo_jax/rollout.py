@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+import envs
 from envs import Env
 from starpo_jax import sampling
 from starpo_jax.text import Codec, PromptSettings
@@ -407,21 +408,27 @@ def _act(
   env: Env,
   cfg: RolloutConfig,
   c: _Carry,
-  actions: jax.Array,
+  parsed: Any,
   active: jax.Array,
 ) -> tuple[_Acting, jax.Array]:
-  """Plays a turn's parsed ``actions [B, A]`` in order while the episode
-  lives, within its action budget.
+  """Plays a turn's parsed actions ``[B, A]`` in order while the episode
+  lives, within its action budget; an environment with text answers takes
+  the answer's bytes in one step.
 
   Returns:
     The environments after them, and the actions executed ``[A, B]``
     (-1 where none was).
   """
+  actions = parsed.actions[:, : cfg.max_actions_per_turn]
+  if env.spec.text_answers:
+    actions = actions[:, :1]
+    answer = envs.Answer(parsed.answer, parsed.answer_length)
 
   def one(a: _Acting, action: jax.Array) -> tuple[_Acting, jax.Array]:
     budget = a.used < cfg.max_actions_per_traj
     go = active & (action >= 0) & ~a.env_done & budget
-    new, ts = jax.vmap(env.step)(a.states, jnp.maximum(action, 0))
+    taken = answer if env.spec.text_answers else jnp.maximum(action, 0)
+    new, ts = jax.vmap(env.step)(a.states, taken)
     states = jax.tree.map(
       lambda x, o: jnp.where(go.reshape(-1, *[1] * (x.ndim - 1)), x, o),
       new,
@@ -449,7 +456,7 @@ def _act(
     terminated=c.terminated,
     unavailable=jnp.zeros((b,), jnp.int32),
   )
-  return jax.lax.scan(one, start, actions[:, : cfg.max_actions_per_turn].T)
+  return jax.lax.scan(one, start, actions.T)
 
 
 def _end_turn(
@@ -535,7 +542,7 @@ def rollout(
     p = _prompt(model, codec, env, cfg, c, turn, chunk)
     d = _decode(model, codec, cfg, turn, p.decode)
     parsed = constrain(jax.vmap(codec.parse)(d.reply, d.count))
-    a, executed = _act(env, cfg, c, parsed.actions, p.active)
+    a, executed = _act(env, cfg, c, parsed, p.active)
     c, record = _end_turn(codec, cfg, c, p, d, parsed, a, executed, turn)
     return constrain(c), record
 

@@ -145,6 +145,11 @@ class Replies:
 
   @classmethod
   def build(cls, tokenizer: Tokenizer, action_names: tuple[str, ...]):
+    if not action_names:
+      raise ValueError(
+        "sft: the environment takes free-text answers, and the warm start "
+        "imitates action names; set sft.steps=0"
+      )
     spell = lambda texts: [tokenizer.encode(t) for t in texts]
     first = spell(action_names)
     later = spell([f" || {name}" for name in action_names])

@@ -21,9 +21,11 @@ mode ``<answer>(.*?)</answer>``), DOTALL; the chat markers and tags are
 removed from the answer one after another as ``str.replace`` does; it is
 split on ``||``; parts are whitespace-trimmed, empty parts dropped, the rest
 cut to ``max_actions_per_turn``; each part names an action when it equals
-one case-insensitively. Choice made here: the grammar works on bytes, so
-``\\s``, trimming and case folding are ASCII's (no action name has other
-characters).
+one case-insensitively. An environment with text answers
+(``spec.text_answers``: Countdown) takes the answer whole instead, unsplit:
+a non-blank answer is its one valid "part". Choice made here: the grammar
+works on bytes, so ``\\s``, trimming and case folding are ASCII's (no
+action name has other characters).
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ def prompt_pieces(spec: EnvSpec, settings: PromptSettings) -> list[str]:
   return [
     *spec.pieces,
     # What answers are made of, so each action is one token.
+    *spec.answer_pieces,
     *spec.action_names,
     *(f" {name}" for name in spec.action_names),
     "||",
@@ -208,6 +211,7 @@ class Codec:
   max_obs_pieces: int = struct.field(pytree_node=False)
   max_obs_tokens: int = struct.field(pytree_node=False)
   settings: PromptSettings = struct.field(pytree_node=False)
+  text_answers: bool = struct.field(pytree_node=False, default=False)
 
   @classmethod
   def build(
@@ -229,54 +233,13 @@ class Codec:
     for i, ids in enumerate(encoded):
       piece_tokens[i, : len(ids)] = ids
     vocab = max(tokenizer.vocab_size, vocab_size or 0)
-    raw = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
-    raw += [b""] * (vocab - len(raw))
-    max_bytes = max(1, *(len(b) for b in raw))
-    token_bytes = np.zeros((vocab, max_bytes), np.uint8)
-    for i, b in enumerate(raw):
-      token_bytes[i, : len(b)] = np.frombuffer(b, np.uint8)
-    lengths = np.asarray([len(b) for b in raw], np.int32)
+    token_bytes, lengths = _token_bytes(tokenizer, vocab)
     stop_next, stop_hit = _automaton(token_bytes, lengths, ANSWER_CLOSE)
     names = [n.lower().encode() for n in spec.action_names]
-    name_width = max(len(n) for n in names)
-    action_bytes = np.zeros((len(names), name_width), np.uint8)
+    action_bytes = np.zeros((len(names), max([1, *map(len, names)])), np.uint8)
     for i, n in enumerate(names):
       action_bytes[i, : len(n)] = np.frombuffer(n, np.uint8)
     chat = tokenizer.chat
-    enc = lambda text: tuple(tokenizer.encode(text))
-    single = {}
-    for ch in "0123456789-.":
-      ids = tokenizer.encode(ch)
-      if len(ids) != 1:
-        raise ValueError(f"codec: the tokenizer spells {ch!r} as {ids}")
-      single[ch] = ids[0]
-    tag = "<think>" if settings.enable_think else "<answer>"
-    fmt = FORMAT_THINK if settings.enable_think else FORMAT_NO_THINK
-    stop_text = chat.stop
-    after_stop = chat.message_end[len(stop_text) :]
-    fragments = Fragments(
-      system=enc(
-        chat.begin
-        + chat.start("system")
-        + system_text(spec, settings)
-        + chat.message_end
-      ),
-      user_start=enc(chat.start("user")),
-      reward_head=enc("Reward:\n"),
-      newline=enc("\n"),
-      turn_head=enc("\nTurn "),
-      state_head=enc(":\nState:\n"),
-      warning=enc(WARNING),
-      actions_head=enc("You have "),
-      reminder=enc(_reminder(fmt)),
-      reminder_tail=enc(" words (tokens).\n"),
-      reply_start=enc(chat.message_end + chat.start("assistant") + tag),
-      end_after_stop=enc(after_stop),
-      end_full=enc(chat.message_end),
-      digits=tuple(single[str(d)] for d in range(10)),
-      minus=single["-"],
-      dot=single["."],
-    )
     markers = tuple(
       dict.fromkeys(
         [t.encode() for t in TAGS] + [m.encode() for m in _chat_markers(chat)]
@@ -284,23 +247,7 @@ class Codec:
     )
     allowed = None
     if settings.answer_vocab:
-      words = [
-        *spec.action_names,
-        *(f" {n}" for n in spec.action_names),
-        "||",
-        " || ",
-        " ",
-        "\n",
-        "</answer>",
-        chat.stop,
-      ]
-      if settings.enable_think:
-        words += ["</think>", "<answer>"]
-      mask = np.zeros(vocab, bool)
-      for w in words:
-        mask[tokenizer.encode(w)] = True
-      mask[list(tokenizer.stop_ids)] = True
-      allowed = jnp.asarray(mask)
+      allowed = jnp.asarray(_answer_tokens(tokenizer, spec, settings, vocab))
     return cls(
       piece_tokens=jnp.asarray(piece_tokens),
       piece_lengths=jnp.asarray([len(e) for e in encoded], jnp.int32),
@@ -311,7 +258,7 @@ class Codec:
       action_bytes=jnp.asarray(action_bytes),
       action_lengths=jnp.asarray([len(n) for n in names], jnp.int32),
       allowed=allowed,
-      fragments=fragments,
+      fragments=_fragments(tokenizer, spec, settings),
       markers=markers,
       stop_ids=tokenizer.stop_ids,
       chat_stop=tokenizer.token_to_id(chat.stop),
@@ -320,6 +267,7 @@ class Codec:
         [len(e) for e in encoded], spec.max_obs_pieces, spec.piece_limits
       ),
       settings=settings,
+      text_answers=spec.text_answers,
     )
 
   # --------------------------------------------------------------------------
@@ -508,7 +456,85 @@ class Codec:
       max_actions=self.settings.max_actions_per_turn,
       action_bytes=self.action_bytes,
       action_lengths=self.action_lengths,
+      text_answers=self.text_answers,
     )
+
+
+def _token_bytes(tokenizer: Tokenizer, vocab: int):
+  """Each token's bytes ``[vocab, max_bytes]`` and their count ``[vocab]``;
+  ids past the tokenizer's (a padded embedding) stand for no bytes."""
+  raw = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
+  raw += [b""] * (vocab - len(raw))
+  token_bytes = np.zeros((vocab, max(1, *(len(b) for b in raw))), np.uint8)
+  for i, b in enumerate(raw):
+    token_bytes[i, : len(b)] = np.frombuffer(b, np.uint8)
+  return token_bytes, np.asarray([len(b) for b in raw], np.int32)
+
+
+def _fragments(
+  tokenizer: Tokenizer, spec: EnvSpec, settings: PromptSettings
+) -> Fragments:
+  """The prompt's constant pieces, tokenized; numbers are spelled digit by
+  digit, so each digit, the minus and the point must be one token."""
+  chat = tokenizer.chat
+  enc = lambda text: tuple(tokenizer.encode(text))
+  single = {}
+  for ch in "0123456789-.":
+    ids = tokenizer.encode(ch)
+    if len(ids) != 1:
+      raise ValueError(f"codec: the tokenizer spells {ch!r} as {ids}")
+    single[ch] = ids[0]
+  tag = "<think>" if settings.enable_think else "<answer>"
+  fmt = FORMAT_THINK if settings.enable_think else FORMAT_NO_THINK
+  after_stop = chat.message_end[len(chat.stop) :]
+  return Fragments(
+    system=enc(
+      chat.begin
+      + chat.start("system")
+      + system_text(spec, settings)
+      + chat.message_end
+    ),
+    user_start=enc(chat.start("user")),
+    reward_head=enc("Reward:\n"),
+    newline=enc("\n"),
+    turn_head=enc("\nTurn "),
+    state_head=enc(":\nState:\n"),
+    warning=enc(WARNING),
+    actions_head=enc("You have "),
+    reminder=enc(_reminder(fmt)),
+    reminder_tail=enc(" words (tokens).\n"),
+    reply_start=enc(chat.message_end + chat.start("assistant") + tag),
+    end_after_stop=enc(after_stop),
+    end_full=enc(chat.message_end),
+    digits=tuple(single[str(d)] for d in range(10)),
+    minus=single["-"],
+    dot=single["."],
+  )
+
+
+def _answer_tokens(
+  tokenizer: Tokenizer, spec: EnvSpec, settings: PromptSettings, vocab: int
+) -> np.ndarray:
+  """``[vocab]`` bool: the tokens answers are made of (action names or the
+  answer's alphabet, separators, tags, whitespace, end of turn)."""
+  words = [
+    *spec.answer_pieces,
+    *spec.action_names,
+    *(f" {n}" for n in spec.action_names),
+    "||",
+    " || ",
+    " ",
+    "\n",
+    "</answer>",
+    tokenizer.chat.stop,
+  ]
+  if settings.enable_think:
+    words += ["</think>", "<answer>"]
+  mask = np.zeros(vocab, bool)
+  for w in words:
+    mask[tokenizer.encode(w)] = True
+  mask[list(tokenizer.stop_ids)] = True
+  return mask
 
 
 @struct.dataclass
@@ -517,6 +543,8 @@ class Parsed:
   thought: jax.Array  # [] bool: matched, with a non-blank <think> block
   actions: jax.Array  # [A] int32 action ids, -1 where a part names none
   num_parts: jax.Array  # [] int32 non-empty parts kept (<= A)
+  answer: jax.Array  # [N] int32 the answer's bytes, markers removed
+  answer_length: jax.Array  # [] int32
 
   @property
   def valid(self) -> jax.Array:
@@ -628,6 +656,7 @@ def parse_bytes(
   max_actions: int,
   action_bytes: jax.Array,
   action_lengths: jax.Array,
+  text_answers: bool = False,
 ) -> Parsed:
   """The answer grammar on bytes ``data [N]`` (``count`` used)."""
   n = data.shape[0]
@@ -683,10 +712,31 @@ def parse_bytes(
     for k in range(len(marker)):
       covered = covered | jnp.concatenate([jnp.zeros(k, bool), hit[: n - k]])
     content, length = pack([(content, (idx < length) & ~covered)], n)
+  if text_answers:
+    parsed = _whole_answer(content, length, matched, max_actions)
+    return parsed.replace(thought=thought)
   parsed = _split_actions(
     content, length, matched, max_actions, action_bytes, action_lengths
   )
-  return parsed.replace(thought=thought)
+  return parsed.replace(thought=thought, answer=content, answer_length=length)
+
+
+def _whole_answer(
+  content: jax.Array, length: jax.Array, matched: jax.Array, max_actions: int
+) -> Parsed:
+  """A free-text answer: one part (action 0) when it is not blank."""
+  inside = jnp.arange(content.shape[0]) < length
+  is_ws = jnp.isin(content, jnp.frombuffer(WHITESPACE, np.uint8))
+  given = matched & jnp.any(inside & ~is_ws)
+  first = jnp.arange(max_actions) == 0
+  return Parsed(
+    matched=matched,
+    thought=jnp.zeros((), bool),
+    actions=jnp.where(first & given, 0, -1).astype(jnp.int32),
+    num_parts=given.astype(jnp.int32),
+    answer=content,
+    answer_length=length,
+  )
 
 
 def _split_actions(
@@ -747,4 +797,6 @@ def _split_actions(
     thought=jnp.zeros((), bool),
     actions=actions.astype(jnp.int32),
     num_parts=num_parts.astype(jnp.int32),
+    answer=content,
+    answer_length=length,
   )

@@ -12,6 +12,7 @@ import pytest
 
 import envs
 from envs.sokoban import solve
+from reference import countdown as ref_countdown
 from reference import envs as ref_envs
 from starpo_jax import rollout, sampling, text
 from starpo_jax.models import transformer
@@ -145,6 +146,43 @@ def test_scripted_bandit_pulls_the_risky_arm_in_one_turn():
   assert traj.success.all() and traj.terminated.all()
   assert traj.turn_played[:, 0].all() and not traj.turn_played[:, 1:].any()
   assert set(np.unique(traj.episode_return)) <= {0.0, 1.0}
+
+
+def test_scripted_countdown_answers_are_scored_from_their_text():
+  """A free-text answer reaches the environment whole: RAGEN's Countdown
+  rewards, and the format penalty for a blank answer."""
+  tok = TOKENIZERS["bpe"]()
+  cfg = dataclasses.replace(
+    CFG, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1
+  )
+  env, play = runner("countdown", cfg)
+  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  key = jax.random.key(3)
+  states = initial_states(env, cfg, key)
+  answers, expected = [], []
+  for b in range(cfg.batch):
+    nums = [int(v) for v in states.nums[b, : int(states.count[b])]]
+    target = int(states.target[b])
+    answer = [
+      ref_countdown.solve(nums, target),
+      " + ".join(map(str, nums)) + " + 0",
+      " + ".join(map(str, nums)) + " * 1)",
+      " ",
+      "<think>(" + " - ".join(map(str, nums)) + ")",
+      "-".join(map(str, reversed(nums))),
+    ][b]
+    answers.append(answer)
+    content = answer.replace("<think>", "")
+    blank = not content.strip()
+    reward = ref_countdown.reward(content.encode(), target, nums)
+    expected.append(cfg.format_penalty if blank else reward)
+  replies = [[f"sum them</think><answer>{a}</answer>"] for a in answers]
+  policy = ScriptedPolicy(script_from(replies, tok), tok.vocab_size)
+  traj = to_numpy(play(policy, codec, key))
+  np.testing.assert_allclose(traj.turn_rewards[:, 0], expected, atol=1e-6)
+  assert expected[0] == 1.0 and traj.success[0]
+  assert list(traj.turn_penalized[:, 0]) == [a == " " for a in answers]
+  assert list(traj.num_actions) == [int(a != " ") for a in answers]
 
 
 def test_garbage_gets_the_format_penalty_every_turn_without_nan():

@@ -190,6 +190,47 @@ def test_jitted_parse_equals_the_regex_reference(
     assert 0.05 * matched_count < thought_count < 0.95 * matched_count
 
 
+@pytest.mark.parametrize("think", [False, True])
+def test_text_answers_are_the_reference_answer_bytes(think):
+  """An environment with free-text answers (Countdown) gets the answer's
+  bytes, markers removed, unsplit; a non-blank one is its one valid part."""
+  tok = TOKENIZERS["bpe"]()
+  settings = text.PromptSettings(enable_think=think, max_actions_per_turn=1)
+  codec = text.Codec.build(tok, envs.make("countdown").spec, settings)
+  rng = random.Random(f"text answers {think}")
+  exprs = ["1 + 2", "(3*4)-5", "", "  ", "7||8", "12 / (4 - 4)", "x"]
+  samples = []
+  for _ in range(1000):
+    fragments = random_answer(rng)
+    if "<answer>" in fragments:
+      at = fragments.index("<answer>") + 1
+      fragments.insert(at, rng.choice(exprs))
+    samples.append(to_tokens(tok, fragments, rng))
+  tokens = np.zeros((len(samples), MAX_TOKENS), np.int32)
+  for i, sample in enumerate(samples):
+    tokens[i, : len(sample)] = sample
+  lengths = np.asarray([len(x) for x in samples], np.int32)
+  got = to_numpy(jax.jit(jax.vmap(codec.parse))(tokens, lengths))
+  given = blank = 0
+  for i, sample in enumerate(samples):
+    data = codec.reply_prefix + b"".join(tok.token_bytes(t) for t in sample)
+    want = ref.answer(data, think=think, markers=codec.markers)
+    assert bool(got.matched[i]) == (want is not None), data
+    if want is None:
+      assert got.num_parts[i] == 0 and got.actions[i, 0] == -1, data
+      continue
+    n = int(got.answer_length[i])
+    assert bytes(got.answer[i, :n].astype(np.uint8)) == want, data
+    nonblank = bool(want.strip(ref.WHITESPACE))
+    assert got.num_parts[i] == nonblank, data
+    assert got.actions[i, 0] == (0 if nonblank else -1), data
+    given += nonblank
+    blank += not nonblank
+  # Both outcomes occur, and answers that do not match.
+  assert given > 0.2 * len(samples) and blank >= 3
+  assert given + blank < 0.99 * len(samples)
+
+
 @pytest.mark.parametrize("tok_name", sorted(TOKENIZERS))
 def test_rendered_tokens_decode_to_the_rendered_text(tok_name):
   tok = TOKENIZERS[tok_name]()

@@ -1,0 +1,36 @@
+"""Countdown (RAGEN's): reach the target with each given number once and
+``+ - * /``; one turn, a free-text answer evaluated inside ``jit``.
+
+  python -m starpo_jax.main --config=configs/countdown.py
+  python -m starpo_jax.main \\
+    --config=configs/countdown.py:model=qwen2.5-0.5b,ckpt=/models/Qwen2.5-0.5B-Instruct
+
+Problems are generated inside ``jit`` (3 or 4 numbers from 1 to 99, a
+target from 1 to 99 reachable by adding and subtracting them); a fixed set
+is ``--config.env.kwargs.problems=FILE.jsonl``. The tiny model answers
+from digits, operators and parentheses only (``rollout.answer_vocab``);
+there is no warm start to imitate (no solver's actions), so it learns from
+the reward alone: 0.1 for an expression that uses exactly the given
+numbers, 1 for one that also equals the target.
+"""
+
+from configs import common
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg)
+  c = common.base_config()
+  c.env.name = "countdown"
+  common.apply_preset(c, args["algo"])
+  common.apply_model(c, args)
+  common.single_turn(c, args["algo"])
+  if args["model"] == "tiny":
+    # "12 + 34 - 56 + 78" spelled digit by digit, then "</answer>".
+    c.rollout.max_new_tokens = 16
+    c.rollout.max_context = 64
+    c.sft.steps = 0
+    c.train.steps = 100
+    c.train.eval_every = 50
+    c.rollout.env_groups = 16
+    c.rollout.group_size = 8
+  return c
