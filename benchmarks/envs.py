@@ -35,7 +35,14 @@ from envs.sokoban import solve
 from reference import countdown as ref_countdown
 from reference import envs as ref
 
-ENV_NAMES = ("sokoban", "sokoban_larger", "frozen_lake", "bandit", "countdown")
+ENV_NAMES = (
+  "sokoban",
+  "sokoban_larger",
+  "frozen_lake",
+  "bandit",
+  "countdown",
+  *envs.jumanji_text.GAMES,
+)
 # Random play must not end episodes by truncation inside the timed loop.
 SETTINGS = {
   "sokoban": dict(max_steps=1_000_000),
@@ -44,6 +51,8 @@ SETTINGS = {
   "bandit": {},
   "countdown": {},
 }
+# Jumanji's games have no plain-Python peer: their rows time JAX alone, and
+# the random actions include moves the state does not allow (no-ops).
 DEFAULT_BATCHES = (1, 4, 16, 64, 256, 1024, 4096)
 
 
@@ -77,7 +86,7 @@ def _step_loop(env, steps: int):
 
 
 def jax_row(name: str, batch: int) -> dict[str, float]:
-  env = envs.make(name, **SETTINGS[name])
+  env = envs.make(name, **SETTINGS.get(name, {}))
   reset = jax.jit(jax.vmap(env.reset))
   keys = jax.random.split(jax.random.key(batch), batch)
   reset_compile, reset_time = common.time_jitted(reset, keys)
@@ -312,6 +321,13 @@ def difficulty(count: int) -> dict[str, Any]:
   }
 
 
+def _ratio(row: dict[str, Any], kind: str) -> str:
+  """JAX over Python for ``kind`` ("steps", "levels"); "-" with no peer."""
+  if f"py_{kind}_per_s" not in row:
+    return "-"
+  return f"{row[f'jax_{kind}_per_s'] / row[f'py_{kind}_per_s']:.1f}x"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
@@ -330,7 +346,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
   rows, results = [], []
   for name in names:
-    py = python_rates(name)
+    py = python_rates(name) if name in SETTINGS else {}
     for batch in batches:
       start = time.perf_counter()
       r = jax_row(name, batch)
@@ -341,11 +357,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           name,
           batch,
           r["jax_steps_per_s"],
-          r["py_steps_per_s"],
-          f"{r['jax_steps_per_s'] / r['py_steps_per_s']:.1f}x",
+          r.get("py_steps_per_s", "-"),
+          _ratio(r, "steps"),
           r["jax_levels_per_s"],
-          r["py_levels_per_s"],
-          f"{r['jax_levels_per_s'] / r['py_levels_per_s']:.1f}x",
+          r.get("py_levels_per_s", "-"),
+          _ratio(r, "levels"),
           f"{r['step_compile_s']:.1f} / {r['reset_compile_s']:.1f}",
         ]
       )

@@ -176,6 +176,31 @@ def apply_preset(c: ml_collections.ConfigDict, name: str) -> None:
     c.filter.include_zero = False
 
 
+def jumanji_puzzle(
+  game: str, arg: str | None, max_context: int, turns: int = 5
+) -> ml_collections.ConfigDict:
+  """A Jumanji puzzle (``envs/jumanji_text.py``) at RAGEN's multi-turn
+  settings: ``turns`` turns of up to 2 actions, 10 an episode. The tiny
+  model learns from scratch (no planner to imitate) with a context of
+  ``max_context`` tokens."""
+  args = parse_arg(arg)
+  c = base_config()
+  c.env.name = game
+  apply_preset(c, args["algo"])
+  apply_model(c, args)
+  c.rollout.max_turns = turns
+  c.rollout.max_actions_per_turn = 2
+  c.rollout.max_actions_per_traj = 10
+  if args["model"] == "tiny":
+    c.rollout.max_new_tokens = 8
+    c.rollout.max_context = max_context
+    c.sft.steps = 0
+    c.train.steps = 100
+    c.train.eval_every = 50
+    c.train.eval_episodes = 256
+  return c
+
+
 def single_turn(c: ml_collections.ConfigDict, algo: str) -> None:
   """One turn, one answer (Bandit, Countdown). No credit to assign over
   time, so StarPO-S uses group-relative advantages (no critic to train)."""

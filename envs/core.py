@@ -196,6 +196,8 @@ def to_text(spec: EnvSpec, pieces: Any, n: Any) -> str:
 def check_kwargs(name: str, cls: type, kwargs: dict[str, Any]) -> None:
   """Rejects keyword arguments the constructor does not take, by name."""
   params = inspect.signature(cls.__init__).parameters
+  if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    return  # the constructor names what it does not take
   known = [p for p in params if p != "self"]
   for key in kwargs:
     if key not in known:

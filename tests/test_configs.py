@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import common, sokoban
-from starpo_jax import filtering
+from starpo_jax import filtering, rollout, train
 
 # In-group reward standard deviations of eight hand-made groups.
 SPREAD = [0.0, 0.5, 3.0, 0.0, 1.0, 2.0, 0.25, 0.0]
@@ -58,3 +60,18 @@ def test_starpo_s_drops_the_kl_term_and_clips_higher():
   assert c.algo.clip_high > c.algo.clip_low
   s = sokoban.get_config("algo=starpo")
   assert s.algo.kl_coef > 0 and s.algo.clip_high == s.algo.clip_low
+
+
+@pytest.mark.parametrize(
+  "name, env", [("countdown", "countdown"), ("sudoku", "sudoku_easy"),
+                ("game2048", "game2048"), ("rubiks_cube", "rubiks_cube_2x2")],
+)  # fmt: skip
+def test_new_environment_configs_build(name, env):
+  """Each config builds its environment, tokenizer and codec (the README's
+  short runs show they train); the tiny model's context holds every turn."""
+  config = importlib.import_module(f"configs.{name}").get_config(None)
+  setup = train.build(config)
+  assert setup.env.spec.name == env
+  cfg = setup.rollout_cfg
+  need = rollout.context_needed(setup.codec, cfg, cfg.max_turns)
+  assert need <= cfg.max_context, (need, cfg.max_context)
