@@ -13,6 +13,7 @@ from envs.core import Answer, Env, EnvSpec, TimeStep, check_kwargs, to_text
 from envs.countdown import Countdown
 from envs.frozen_lake import FrozenLake
 from envs.jumanji_text import GAMES, JumanjiText
+from envs.qa import QA
 from envs.sokoban import Sokoban
 
 # name -> (class, preset keyword arguments). RAGEN's LargerSokoban is an 8x8
@@ -23,6 +24,8 @@ REGISTRY: dict[str, tuple[type, dict[str, Any]]] = {
   "frozen_lake": (FrozenLake, {}),
   "bandit": (Bandit, {}),
   "countdown": (Countdown, {}),
+  # Questions from a dataset read through tensorflow-datasets (envs/qa).
+  "qa": (QA, {}),
   # Jumanji's puzzles as text environments (envs/jumanji_text.py).
   **{game: (JumanjiText, {"game": game}) for game in GAMES},
 }

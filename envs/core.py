@@ -51,6 +51,19 @@ class TimeStep:
   def done(self) -> jax.Array:
     return self.terminated | self.truncated
 
+  @classmethod
+  def first(cls) -> TimeStep:
+    """What ``reset`` reports of an episode that cannot have ended yet."""
+    false = jnp.zeros((), bool)
+    return cls(
+      reward=jnp.zeros((), jnp.float32),
+      terminated=false,
+      truncated=false,
+      success=false,
+      valid=jnp.ones((), bool),
+      effective=false,
+    )
+
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:

@@ -64,7 +64,8 @@ def test_starpo_s_drops_the_kl_term_and_clips_higher():
 
 @pytest.mark.parametrize(
   "name, env", [("countdown", "countdown"), ("sudoku", "sudoku_easy"),
-                ("game2048", "game2048"), ("rubiks_cube", "rubiks_cube_2x2")],
+                ("game2048", "game2048"), ("rubiks_cube", "rubiks_cube_2x2"),
+                ("qa", "qa")],
 )  # fmt: skip
 def test_new_environment_configs_build(name, env):
   """Each config builds its environment, tokenizer and codec (the README's

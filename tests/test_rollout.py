@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +35,8 @@ CFG = rollout.RolloutConfig(
 
 
 @functools.cache
-def runner(env_name: str, cfg: rollout.RolloutConfig):
-  env = envs.make(env_name)
+def runner(env_name: str, cfg: rollout.RolloutConfig, **kwargs):
+  env = envs.make(env_name, **kwargs)
   play = jax.jit(
     lambda policy, codec, key: rollout.rollout(policy, codec, env, cfg, key)
   )
@@ -183,6 +184,56 @@ def test_scripted_countdown_answers_are_scored_from_their_text():
   assert expected[0] == 1.0 and traj.success[0]
   assert list(traj.turn_penalized[:, 0]) == [a == " " for a in answers]
   assert list(traj.num_actions) == [int(a != " ") for a in answers]
+
+
+def test_scripted_qa_answers_earn_one_then_a_half(tmp_path):
+  """A question rendered as tokens, answers read from their text: right at
+  once earns 1, right after a wrong answer 1/2 (RAGEN's), a blank answer
+  the format penalty and no turn of the environment's."""
+  rows = [
+    {"question": f"What is {i} times 3?", "answer": f"so #### {3 * i}"}
+    for i in range(1, 30)
+  ]
+  path = tmp_path / "qa.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  tok = TOKENIZERS["bpe"]()
+  cfg = dataclasses.replace(
+    CFG, max_turns=3, max_actions_per_turn=1, max_actions_per_traj=3
+  )
+  env, play = runner(
+    "qa", cfg, source=str(path), data_dir=str(tmp_path), turns=2
+  )
+  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  key = jax.random.key(2)
+  states = initial_states(env, cfg, key)
+  script = [  # per episode: its answers, and the rewards they earn
+    (["{}"], [1.0]),
+    (["0", " {} "], [0.0, 0.5]),
+    ([" ", "{}"], [cfg.format_penalty, 1.0]),
+    (["1", "2"], [0.0, 0.0]),
+    (["{}0", "x"], [0.0, 0.0]),
+    (["{}", "{}"], [1.0]),
+  ]
+  replies, questions = [], []
+  for b, (answers, _) in enumerate(script):
+    question = env.spec.pieces[int(env.render(index(states, b))[0][0])]
+    questions.append(question)
+    right = str(3 * int(question.split()[2]))
+    replies.append(
+      [f"hm</think><answer>{a.format(right)}</answer>" for a in answers]
+    )
+  traj = to_numpy(
+    play(ScriptedPolicy(script_from(replies, tok), tok.vocab_size), codec, key)
+  )
+  for b, (_, rewards) in enumerate(script):
+    n = len(rewards)
+    np.testing.assert_allclose(traj.turn_rewards[b, :n], rewards, atol=1e-6)
+    assert not traj.turn_played[b, n:].any()
+    assert traj.success[b] == (max(rewards) > 0)
+    seen = tok.decode(traj.tokens[b][: int(traj.length[b])])
+    assert questions[b] in seen
+    assert ("Incorrect. Please think again." in seen) == (rewards[0] == 0)
+  assert list(traj.num_actions) == [1, 2, 1, 2, 2, 1]
 
 
 def test_garbage_gets_the_format_penalty_every_turn_without_nan():

@@ -133,15 +133,7 @@ class Countdown:
       solved=false,
       key=k_dynamics,
     )
-    ts = core.TimeStep(
-      reward=jnp.zeros((), jnp.float32),
-      terminated=false,
-      truncated=false,
-      success=false,
-      valid=jnp.ones((), bool),
-      effective=false,
-    )
-    return state, ts
+    return state, core.TimeStep.first()
 
   def _generate(self, key: jax.Array):
     """Numbers and a target in 1..max_target that a sum of the numbers,
