@@ -18,6 +18,8 @@ loops run on one, as RAGEN's environment workers do.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import sys
 import time
@@ -34,6 +36,9 @@ from envs.bandit import constants as bandit_constants
 from envs.sokoban import solve
 from reference import countdown as ref_countdown
 from reference import envs as ref
+from reference import qa as ref_qa
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 ENV_NAMES = (
   "sokoban",
@@ -41,8 +46,10 @@ ENV_NAMES = (
   "frozen_lake",
   "bandit",
   "countdown",
+  "qa",
   *envs.jumanji_text.GAMES,
 )
+QA_DATA = os.path.join(ROOT, "configs", "data", "arithmetic_qa.jsonl")
 # Random play must not end episodes by truncation inside the timed loop.
 SETTINGS = {
   "sokoban": dict(max_steps=1_000_000),
@@ -50,6 +57,7 @@ SETTINGS = {
   "frozen_lake": dict(success_rate=1.0, max_steps=1_000_000),
   "bandit": {},
   "countdown": {},
+  "qa": dict(source=QA_DATA),
 }
 # Jumanji's games have no plain-Python peer: their rows time JAX alone, and
 # the random actions include moves the state does not allow (no-ops).
@@ -209,6 +217,8 @@ def python_rates(name: str) -> dict[str, float]:
     }
   if name == "countdown":
     return _countdown_rates(rng)
+  if name == "qa":
+    return _qa_rates(rng)
   pairs = bandit_constants.TRAIN_PAIRS
   make_peer = lambda rng: ref.bandit_generate(rng, pairs)
 
@@ -243,6 +253,28 @@ def _countdown_rates(rng: random.Random) -> dict[str, float]:
     target, nums, answer = peer
     ref_countdown.reward(answer, target, nums)
     f"Target: {target}, nums: {nums}"  # the observation
+    return True
+
+  gen_time = common.time_python(lambda: [make_peer(rng) for _ in range(1000)])
+  return {
+    "py_steps_per_s": _python_step_rate(make_peer, step),
+    "py_levels_per_s": 1000 / gen_time,
+  }
+
+
+def _qa_rates(rng: random.Random) -> dict[str, float]:
+  """Python QA as RAGEN's environment: a random question of the same file,
+  another question's answer scored by the reference."""
+  with open(QA_DATA) as f:
+    rows = [json.loads(line) for line in f]
+
+  def make_peer(rng):
+    row, other = rng.choice(rows), rng.choice(rows)
+    return row["query"], row["response"], ref_qa.label(other["response"])
+
+  def step(peer, rng):
+    _, response, answer = peer  # the observation is the question itself
+    ref_qa.rewards([answer.encode()], response, turns=1)
     return True
 
   gen_time = common.time_python(lambda: [make_peer(rng) for _ in range(1000)])

@@ -109,6 +109,37 @@ class DecodeState:
   key: jax.Array
 
 
+def _prefill(
+  model: Transformer,
+  prompt: jax.Array,
+  prompt_lengths: jax.Array,
+  cache: KVCache,
+  key: jax.Array,
+  sampling: Sampling,
+  stops: jax.Array,
+  max_new_tokens: int,
+) -> DecodeState:
+  """The prompts through the model and each one's first sampled token."""
+  batch = prompt.shape[0]
+  logits, cache = model(prompt, cache, num_new=prompt_lengths)
+  last_logits = jnp.take_along_axis(
+    logits, (prompt_lengths - 1)[:, None, None], axis=1
+  )[:, 0]
+  key, sub = jax.random.split(key)
+  first, first_logp = sample(sub, last_logits, sampling)
+  zeros = jnp.zeros((batch, max_new_tokens), jnp.int32)
+  return DecodeState(
+    step=jnp.zeros((), jnp.int32),
+    last=first,
+    tokens=zeros.at[:, 0].set(first),
+    logprobs=zeros.astype(jnp.float32).at[:, 0].set(first_logp),
+    done=jnp.isin(first, stops),
+    length=jnp.ones((batch,), jnp.int32),
+    cache=cache,
+    key=key,
+  )
+
+
 def generate(
   model: Transformer,
   prompt: jax.Array,
@@ -143,29 +174,10 @@ def generate(
       f"generate: cache_size={size} < prompt width {width} + "
       f"max_new_tokens={max_new_tokens}"
     )
-  cache = KVCache.init(model.cfg, batch, size)
-  logits, cache = model(prompt, cache, num_new=prompt_lengths)
-  last_logits = jnp.take_along_axis(
-    logits, (prompt_lengths - 1)[:, None, None], axis=1
-  )[:, 0]
   stops = jnp.asarray(stop_ids, jnp.int32)
-
-  def pick(key, logits):
-    key, sub = jax.random.split(key)
-    tok, logp = sample(sub, logits, sampling)
-    return key, tok, logp
-
-  key, first, first_logp = pick(key, last_logits)
-  zeros = jnp.zeros((batch, max_new_tokens), jnp.int32)
-  state = DecodeState(
-    step=jnp.zeros((), jnp.int32),
-    last=first,
-    tokens=zeros.at[:, 0].set(first),
-    logprobs=zeros.astype(jnp.float32).at[:, 0].set(first_logp),
-    done=jnp.isin(first, stops),
-    length=jnp.ones((batch,), jnp.int32),
-    cache=cache,
-    key=key,
+  cache = KVCache.init(model.cfg, batch, size)
+  state = _prefill(
+    model, prompt, prompt_lengths, cache, key, sampling, stops, max_new_tokens
   )
 
   def cond(s: DecodeState) -> jax.Array:
@@ -173,7 +185,8 @@ def generate(
 
   def body(s: DecodeState) -> DecodeState:
     logits, cache = model(s.last[:, None], s.cache)
-    key, tok, logp = pick(s.key, logits[:, 0])
+    key, sub = jax.random.split(s.key)
+    tok, logp = sample(sub, logits[:, 0], sampling)
     i = s.step + 1
     live = ~s.done
     tok = jnp.where(live, tok, 0)

@@ -100,17 +100,7 @@ def build(
   or tokenizer gets the compact tokenizer: token ids change, shapes do not.
   ``devices`` (default: all) make the mesh.
   """
-  try:
-    env = envs.make(config.env.name, **config.env.kwargs)
-    eval_envs = {
-      "eval": envs.make(
-        config.env.name, **{**config.env.kwargs, **config.env.eval_kwargs}
-      )
-    }
-  except ValueError as e:
-    raise ConfigError(f"config.env: {e}") from None
-  if config.env.eval_kwargs:
-    eval_envs["eval_train_env"] = env
+  env, eval_envs = _environments(config.env)
   rcfg = _dataclass_from(rollout.RolloutConfig, config.rollout, "rollout")
   algo = _dataclass_from(AlgoConfig, config.algo, "algo")
   filter_cfg = _dataclass_from(filtering.FilterConfig, config.filter, "filter")
@@ -127,57 +117,10 @@ def build(
       f"{rcfg.batch} episodes (rollout.env_groups x rollout.group_size)"
     )
   settings = rcfg.prompt_settings()
-  m = config.model
-  if m.preset not in transformer.PRESETS:
-    raise ConfigError(
-      f"config.model.preset={m.preset!r}; known: {sorted(transformer.PRESETS)}"
-    )
-  tok_path = m.tokenizer or m.ckpt
-  if tok_path:
-    tok = tokenizer_lib.Tokenizer.load(tok_path)
-  elif m.preset == "tiny" or shapes_only:
-    pieces = []
-    for e in (env, *eval_envs.values()):
-      pieces += text.prompt_pieces(e.spec, settings)
-    tok = tokenizer_lib.build_compact(pieces)
-  else:
-    raise ConfigError(
-      f"config.model: preset {m.preset!r} needs model.ckpt or model.tokenizer"
-    )
-  if m.ckpt:
-    model_cfg = hf.read_config(m.ckpt).replace(
-      dtype=m.dtype, param_dtype=m.param_dtype
-    )
-  elif m.preset == "tiny":
-    model_cfg = transformer.ModelConfig(
-      **{
-        **dataclasses.asdict(transformer.PRESETS["tiny"]),
-        "rope_scaling": None,
-        "vocab_size": tok.vocab_size,
-        "hidden_size": m.hidden_size,
-        "num_layers": m.num_layers,
-        "num_heads": m.num_heads,
-        "num_kv_heads": m.num_kv_heads,
-        "head_dim": m.head_dim,
-        "intermediate_size": m.intermediate_size,
-        "dtype": m.dtype,
-        "param_dtype": m.param_dtype,
-      }
-    )
-  else:
-    model_cfg = transformer.PRESETS[m.preset].replace(
-      dtype=m.dtype, param_dtype=m.param_dtype
-    )
-  model_cfg = model_cfg.replace(remat=m.remat, attention=m.attention)
-  try:
-    model_cfg = transformer.validate(model_cfg)
-  except ValueError as e:
-    raise ConfigError(f"config.{e}") from None
-  if model_cfg.vocab_size < tok.vocab_size:
-    raise ConfigError(
-      f"config.model: the tokenizer has {tok.vocab_size} tokens, more than "
-      f"the model's vocab_size={model_cfg.vocab_size}"
-    )
+  tok = _tokenizer(
+    config.model, [env, *eval_envs.values()], settings, shapes_only
+  )
+  model_cfg = _model_config(config.model, tok)
   codec = text.Codec.build(tok, env.spec, settings, model_cfg.vocab_size)
   eval_codecs = {
     name: text.Codec.build(tok, e.spec, settings, model_cfg.vocab_size)
@@ -213,6 +156,87 @@ def build(
     eval_codecs=eval_codecs,
     mesh=mesh,
   )
+
+
+def _environments(c: ml_collections.ConfigDict) -> tuple[Any, dict[str, Any]]:
+  """The training environment and the evaluation ones by name: ``eval``
+  with ``env.eval_kwargs`` applied and, when those change anything, the
+  training environment again as ``eval_train_env``."""
+  try:
+    env = envs.make(c.name, **c.kwargs)
+    eval_envs = {"eval": envs.make(c.name, **{**c.kwargs, **c.eval_kwargs})}
+  except ValueError as e:
+    raise ConfigError(f"config.env: {e}") from None
+  if c.eval_kwargs:
+    eval_envs["eval_train_env"] = env
+  return env, eval_envs
+
+
+def _tokenizer(
+  m: ml_collections.ConfigDict,
+  all_envs: list[Any],
+  settings: text.PromptSettings,
+  shapes_only: bool,
+) -> tokenizer_lib.Tokenizer:
+  """The checkpoint's (or ``model.tokenizer``'s) tokenizer; for the tiny
+  model (or a compile check) the compact one over the prompts' pieces."""
+  if m.preset not in transformer.PRESETS:
+    raise ConfigError(
+      f"config.model.preset={m.preset!r}; known: {sorted(transformer.PRESETS)}"
+    )
+  tok_path = m.tokenizer or m.ckpt
+  if tok_path:
+    return tokenizer_lib.Tokenizer.load(tok_path)
+  if m.preset == "tiny" or shapes_only:
+    pieces = []
+    for e in all_envs:
+      pieces += text.prompt_pieces(e.spec, settings)
+    return tokenizer_lib.build_compact(pieces)
+  raise ConfigError(
+    f"config.model: preset {m.preset!r} needs model.ckpt or model.tokenizer"
+  )
+
+
+def _model_config(
+  m: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer
+) -> transformer.ModelConfig:
+  """The checkpoint's architecture, the tiny shape of ``config.model``, or
+  a preset's, with the run's dtypes, remat and attention kernel."""
+  if m.ckpt:
+    model_cfg = hf.read_config(m.ckpt).replace(
+      dtype=m.dtype, param_dtype=m.param_dtype
+    )
+  elif m.preset == "tiny":
+    model_cfg = transformer.ModelConfig(
+      **{
+        **dataclasses.asdict(transformer.PRESETS["tiny"]),
+        "rope_scaling": None,
+        "vocab_size": tok.vocab_size,
+        "hidden_size": m.hidden_size,
+        "num_layers": m.num_layers,
+        "num_heads": m.num_heads,
+        "num_kv_heads": m.num_kv_heads,
+        "head_dim": m.head_dim,
+        "intermediate_size": m.intermediate_size,
+        "dtype": m.dtype,
+        "param_dtype": m.param_dtype,
+      }
+    )
+  else:
+    model_cfg = transformer.PRESETS[m.preset].replace(
+      dtype=m.dtype, param_dtype=m.param_dtype
+    )
+  model_cfg = model_cfg.replace(remat=m.remat, attention=m.attention)
+  try:
+    model_cfg = transformer.validate(model_cfg)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+  if model_cfg.vocab_size < tok.vocab_size:
+    raise ConfigError(
+      f"config.model: the tokenizer has {tok.vocab_size} tokens, more than "
+      f"the model's vocab_size={model_cfg.vocab_size}"
+    )
+  return model_cfg
 
 
 def optimizer(
@@ -613,6 +637,25 @@ def _restore(run: _Run, state: TrainState) -> TrainState:
   return state
 
 
+def _evaluate_start(r: _Run, state: TrainState, t_run: float) -> None:
+  """Step 0's held-out evaluation, of the untrained (or loaded) policy."""
+  first = r.evaluate(0, state.policy)
+  first["time/elapsed_s"] = time.perf_counter() - t_run
+  r.writer.write(0, first)
+  start = "starting policy" if r.setup.config.train.init_from else "untrained"
+  r.print(f"{start}: {r.describe(first)}")
+
+
+def _host_metrics(metrics: dict[str, Any], step_s: float) -> dict[str, float]:
+  """A step's device metrics as host floats, with its time and rate."""
+  out = {k: float(sharding.local_value(v)) for k, v in metrics.items()}
+  out = diagnostics.logged(out)
+  out["time/step_s"] = step_s
+  if "rollout/generated_tokens" in out:
+    out["time/tokens_per_s"] = out["rollout/generated_tokens"] / step_s
+  return out
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs ``config.sft.steps`` warm-start steps, then ``config.train.steps``
   RL steps, resuming from ``workdir``.
@@ -644,11 +687,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   stopped = None
   step = int(sharding.local_value(state.step))
   if step == 0 and r.evaluating(0):
-    first = r.evaluate(0, state.policy)
-    first["time/elapsed_s"] = time.perf_counter() - t_run
-    r.writer.write(0, first)
-    start = "starting policy" if config.train.init_from else "untrained"
-    r.print(f"{start}: {r.describe(first)}")
+    _evaluate_start(r, state, t_run)
   while step < r.total:
     t0 = time.perf_counter()
     phase = "sft" if step < r.sft_steps else "rl"
@@ -665,13 +704,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     watching = setup.stop_cfg.enabled and phase == "rl"
     if not (evaluating or watching or step % config.train.log_every == 0):
       continue
-    metrics = {k: float(sharding.local_value(v)) for k, v in metrics.items()}
-    metrics = diagnostics.logged(metrics)
-    metrics["time/step_s"] = time.perf_counter() - t0
-    if "rollout/generated_tokens" in metrics:
-      metrics["time/tokens_per_s"] = (
-        metrics["rollout/generated_tokens"] / metrics["time/step_s"]
-      )
+    metrics = _host_metrics(metrics, time.perf_counter() - t0)
     if evaluating:
       metrics.update(r.evaluate(step, state.policy))
     # Wall time since this process started the run, compiles included.
@@ -693,19 +726,27 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       r.stop_early(step, stopped)
       break
   r.close()
-  summary = {
+  return _summary(r, step, time.perf_counter() - t_run, last, stopped)
+
+
+def _summary(
+  r: _Run,
+  step: int,
+  seconds: float,
+  last: dict[str, float],
+  stopped: str | None,
+) -> dict[str, Any]:
+  """What ``run`` returns, and its closing lines."""
+  if "eval/success" in last:
+    r.print(f"done: {step} steps in {seconds:.0f}s; {r.describe(last)}")
+  r.print(f"metrics in {r.writer.path}")
+  return {
     "steps": step,
-    "seconds": time.perf_counter() - t_run,
+    "seconds": seconds,
     "final": last,
     "eval_success": r.evals,
     "early_stop": stopped,
   }
-  if "eval/success" in last:
-    r.print(
-      f"done: {step} steps in {summary['seconds']:.0f}s; {r.describe(last)}"
-    )
-  r.print(f"metrics in {r.writer.path}")
-  return summary
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:

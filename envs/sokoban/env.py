@@ -57,24 +57,7 @@ class Sokoban(core.TextEnv):
       symbols: ``"standard"`` (``# _ O √ X P S``) or ``"alternate"``
         (``W . G C B A @``).
     """
-    try:
-      rows, cols = (int(d) for d in dim_room)
-    except (TypeError, ValueError):
-      raise ValueError(
-        f"sokoban: dim_room must be two integers, got {dim_room!r}"
-      ) from None
-    if not (5 <= rows <= _MAX_DIM and 5 <= cols <= _MAX_DIM):
-      raise ValueError(
-        f"sokoban: dim_room must be between 5 and {_MAX_DIM} per side, "
-        f"got {dim_room!r}"
-      )
-    interior = (rows - 2) * (cols - 2)
-    # Room for the boxes, the player, and space to pull boxes around.
-    if not 1 <= num_boxes <= interior // 4:
-      raise ValueError(
-        f"sokoban: num_boxes={num_boxes!r} cannot fit a {rows}x{cols} room; "
-        f"use 1 to {interior // 4}"
-      )
+    rows, cols = _room(dim_room, num_boxes)
     for name, value in (
       ("max_steps", max_steps),
       ("search_depth", search_depth),
@@ -206,3 +189,26 @@ class Sokoban(core.TextEnv):
     return planning.shortest_plan(
       next_state, goal, jnp.zeros_like(goal), start, horizon
     )
+
+
+def _room(dim_room: Sequence[int], num_boxes: int) -> tuple[int, int]:
+  """(rows, cols) of a room that holds ``num_boxes``, or a clear error."""
+  try:
+    rows, cols = (int(d) for d in dim_room)
+  except (TypeError, ValueError):
+    raise ValueError(
+      f"sokoban: dim_room must be two integers, got {dim_room!r}"
+    ) from None
+  if not (5 <= rows <= _MAX_DIM and 5 <= cols <= _MAX_DIM):
+    raise ValueError(
+      f"sokoban: dim_room must be between 5 and {_MAX_DIM} per side, "
+      f"got {dim_room!r}"
+    )
+  interior = (rows - 2) * (cols - 2)
+  # Room for the boxes, the player, and space to pull boxes around.
+  if not 1 <= num_boxes <= interior // 4:
+    raise ValueError(
+      f"sokoban: num_boxes={num_boxes!r} cannot fit a {rows}x{cols} room; "
+      f"use 1 to {interior // 4}"
+    )
+  return rows, cols

@@ -318,93 +318,47 @@ class _Entry:
 
 
 def _layout(cfg: ModelConfig) -> list[_Entry]:
+  """Every parameter: its path here, its Hugging Face name, and the
+  conversions both ways (our attention weights keep heads apart)."""
   d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  same = lambda w: w
-  transpose = lambda w: w.T
-  layer = "model.layers.{i}."
+  same = (lambda w: w, lambda w: w)
+  transpose = (lambda w: w.T, lambda w: w.T)
   heads_in = lambda n: (
     lambda w: w.T.reshape(d, n, hd),
     lambda w: w.reshape(d, n * hd).T,
   )
+  heads_out = (
+    lambda w: w.T.reshape(h, hd, d),
+    lambda w: w.reshape(h * hd, d).T,
+  )
   bias = lambda n: (lambda w: w.reshape(n, hd), lambda w: w.reshape(n * hd))
-  entries = [
-    _Entry(("embed",), "model.embed_tokens.weight", same, same, False),
-    _Entry(("final_norm", "scale"), "model.norm.weight", same, same, False),
-    _Entry(
-      ("layers", "attn_norm", "scale"),
-      layer + "input_layernorm.weight",
-      same,
-      same,
-      True,
-    ),
-    _Entry(
-      ("layers", "mlp_norm", "scale"),
-      layer + "post_attention_layernorm.weight",
-      same,
-      same,
-      True,
-    ),
-    _Entry(
-      ("layers", "attn", "q"),
-      layer + "self_attn.q_proj.weight",
-      *heads_in(h),
-      True,
-    ),
-    _Entry(
-      ("layers", "attn", "k"),
-      layer + "self_attn.k_proj.weight",
-      *heads_in(kv),
-      True,
-    ),
-    _Entry(
-      ("layers", "attn", "v"),
-      layer + "self_attn.v_proj.weight",
-      *heads_in(kv),
-      True,
-    ),
-    _Entry(
-      ("layers", "attn", "o"),
-      layer + "self_attn.o_proj.weight",
-      lambda w: w.T.reshape(h, hd, d),
-      lambda w: w.reshape(h * hd, d).T,
-      True,
-    ),
-    _Entry(
-      ("layers", "mlp", "gate"),
-      layer + "mlp.gate_proj.weight",
-      transpose,
-      transpose,
-      True,
-    ),
-    _Entry(
-      ("layers", "mlp", "up"),
-      layer + "mlp.up_proj.weight",
-      transpose,
-      transpose,
-      True,
-    ),
-    _Entry(
-      ("layers", "mlp", "down"),
-      layer + "mlp.down_proj.weight",
-      transpose,
-      transpose,
-      True,
+  per_layer = [
+    (("attn_norm", "scale"), "input_layernorm.weight", same),
+    (("mlp_norm", "scale"), "post_attention_layernorm.weight", same),
+    (("attn", "q"), "self_attn.q_proj.weight", heads_in(h)),
+    (("attn", "k"), "self_attn.k_proj.weight", heads_in(kv)),
+    (("attn", "v"), "self_attn.v_proj.weight", heads_in(kv)),
+    (("attn", "o"), "self_attn.o_proj.weight", heads_out),
+    *(
+      (("mlp", name), f"mlp.{name}_proj.weight", transpose)
+      for name in ("gate", "up", "down")
     ),
   ]
   if cfg.qkv_bias:
-    for name, n in (("q", h), ("k", kv), ("v", kv)):
-      entries.append(
-        _Entry(
-          ("layers", "attn", f"{name}_bias"),
-          layer + f"self_attn.{name}_proj.bias",
-          *bias(n),
-          True,
-        )
-      )
+    per_layer += [
+      (("attn", f"{name}_bias"), f"self_attn.{name}_proj.bias", bias(n))
+      for name, n in (("q", h), ("k", kv), ("v", kv))
+    ]
+  entries = [
+    _Entry(("embed",), "model.embed_tokens.weight", *same, False),
+    _Entry(("final_norm", "scale"), "model.norm.weight", *same, False),
+    *(
+      _Entry(("layers", *path), "model.layers.{i}." + name, *convert, True)
+      for path, name, convert in per_layer
+    ),
+  ]
   if not cfg.tie_embeddings:
-    entries.append(
-      _Entry(("lm_head",), "lm_head.weight", transpose, transpose, False)
-    )
+    entries.append(_Entry(("lm_head",), "lm_head.weight", *transpose, False))
   return entries
 
 
