@@ -115,17 +115,33 @@ def roofline(size: str, dtype: str) -> dict[str, float]:
   return {"matmul_flops": 2 * n**3 / seconds, "bandwidth": x.nbytes / read}
 
 
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
-  """(seconds of the first, warm-up call; median seconds of the rest)."""
+# XLA compiles so far in this process: a timed call after the warm-up that
+# compiles anything is a recompilation.
+_COMPILES = [0]
+
+
+def _count_compile(event: str, duration: float, **kwargs: Any) -> None:
+  del duration, kwargs
+  if event == "/jax/core/compile/backend_compile_duration":
+    _COMPILES[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float, bool]:
+  """(seconds of the first, warm-up call; median seconds of the rest;
+  whether any of the rest compiled)."""
   start = time.perf_counter()
   fn()
   first = time.perf_counter() - start
+  compiled = _COMPILES[0]
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
     fn()
     times.append(time.perf_counter() - start)
-  return first, statistics.median(times)
+  return first, statistics.median(times), _COMPILES[0] > compiled
 
 
 def matmul_params_per_layer(cfg: transformer.ModelConfig) -> int:
@@ -373,7 +389,7 @@ def rollout_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
     )
 
   with PeakMemory() as mem:
-    first, seconds = timed(run, repeats)
+    first, seconds, recompiled = timed(run, repeats)
   traj = out["traj"]
   generated = float(np.sum(traj.response_lengths))
   lengths = np.asarray(traj.length, np.float64)
@@ -401,7 +417,7 @@ def rollout_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
     peak_gib=mem.gib,
     flops_frac=flops / seconds / peak["matmul_flops"],
     bandwidth_frac=moved / seconds / peak["bandwidth"],
-    recompiled=play._cache_size() != 1,
+    recompiled=recompiled,
   )
 
 
@@ -410,7 +426,7 @@ def rollout_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
   for kind, label, compile in rollout_baselines(pair):
     loop = pair.torch_loop(kind, compile)
     counts = []
-    _, t_seconds = timed(
+    _, t_seconds, _ = timed(
       lambda loop=loop, counts=counts: counts.append(
         loop.rollout().generated_tokens
       ),
@@ -507,7 +523,7 @@ def update_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
     carry.update(params=p, opt=o)
 
   with PeakMemory() as mem:
-    first, seconds = timed(run, repeats)
+    first, seconds, recompiled = timed(run, repeats)
   trained = mb * length
   flops = 3 * forward_flops(
     cfg, trained, mb * gen, mb * length * (length + 1) / 2
@@ -520,7 +536,7 @@ def update_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
     compile_s=first - seconds,
     peak_gib=mem.gib,
     flops_frac=flops / seconds / peak["matmul_flops"],
-    recompiled=update._cache_size() != 1,
+    recompiled=recompiled,
   )
 
 
@@ -546,7 +562,7 @@ def update_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
   )
   pick = {k: v.to(dev) for k, v in pick.items()}
   pair.torch_model.train()
-  _, t_seconds = timed(
+  _, t_seconds, _ = timed(
     lambda: tb.minibatch_step(
       pair.torch_model, opt, pick, pair.torch_cfg, t_allowed
     ),
@@ -572,7 +588,7 @@ def iteration_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
     tokens.append(float(jax.block_until_ready(m["rollout/generated_tokens"])))
 
   with PeakMemory() as mem:
-    first, seconds = timed(run, repeats)
+    first, seconds, recompiled = timed(run, repeats)
   return dict(
     suite="iteration",
     workload=pair.describe(),
@@ -580,7 +596,7 @@ def iteration_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
     jax=1 / seconds,
     compile_s=first - seconds,
     peak_gib=mem.gib,
-    recompiled=step._cache_size() != 1,
+    recompiled=recompiled,
     jax_tokens=float(np.mean(tokens[1:])),
   )
 
@@ -591,7 +607,7 @@ def iteration_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
   # rows).
   for kind, label in ITERATION_BASELINES:
     loop = pair.torch_loop(kind)
-    _, t_seconds = timed(loop.iteration, repeats)
+    _, t_seconds, _ = timed(loop.iteration, repeats)
     del loop  # its optimizer state
     rates.append((label, 1 / t_seconds))
   return rates

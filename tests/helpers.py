@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import pathlib
+import struct
 from collections.abc import Callable, Iterator
 from unittest import mock
 
@@ -78,3 +80,21 @@ def peer_of(name, env, s):
     size=env.size,
     max_steps=env.max_steps,
   )
+
+
+def read_tensorboard(folder) -> dict[tuple[str, int], float]:
+  """Every scalar in the TensorBoard event files under ``folder``, by (tag,
+  step), read from the TFRecord framing (length, CRC, Event proto, CRC)."""
+  from tensorboardX.proto import event_pb2
+
+  out = {}
+  for path in sorted(pathlib.Path(folder).rglob("events.out.tfevents*")):
+    data = path.read_bytes()
+    pos = 0
+    while pos < len(data):
+      (length,) = struct.unpack("<Q", data[pos : pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + length])
+      pos += 12 + length + 4
+      for value in event.summary.value:
+        out[(value.tag, event.step)] = value.simple_value
+  return out

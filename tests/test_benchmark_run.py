@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from benchmarks import run
@@ -65,3 +67,12 @@ def test_merge_pairs_each_measurement_with_its_own_workloads_baselines():
   assert [(r["baseline"], r["ratio"]) for r in rows] == [("a", 3.0), ("b", 0.5)]
   with pytest.raises(RuntimeError, match="different workloads"):
     run.merge(jax_rows, [dict(suite="update", workload="0.5b", rates=[])])
+
+
+def test_timed_flags_a_recompilation_after_the_warm_up():
+  add = jax.jit(lambda x: x + 1)
+  _, _, recompiled = run.timed(lambda: add(jnp.ones(3)), repeats=2)
+  assert not recompiled
+  sizes = iter(range(4, 10))
+  _, _, recompiled = run.timed(lambda: add(jnp.ones(next(sizes))), repeats=2)
+  assert recompiled

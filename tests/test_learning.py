@@ -3,7 +3,10 @@ then StarPO-S) at a small size, measured on held-out levels."""
 
 from __future__ import annotations
 
+import re
+
 import jax
+import pytest
 
 from configs import frozen_lake
 from starpo_jax import checkpoint, train
@@ -30,6 +33,21 @@ def test_held_out_success_rises_over_a_short_warm_start_and_rl(tmp_path):
     assert after["eval/valid_action_rate"] > 0.9
     assert after["eval/success"] > untrained["eval/success"] + 0.1
   assert summary["eval_success"][WARM + RL] == final["eval/success"]
+  # Each evaluation writes a held-out episode as the model saw it, its
+  # turns' rewards adding up to the episode's return.
+  for step in (0, WARM, WARM + RL):
+    text = (
+      tmp_path / "transcripts" / f"step{step:06d}_eval_t0.txt"
+    ).read_text()
+    assert text.startswith("<|im_start|>system\n")
+    turns = [float(r) for r in re.findall(r"; reward ([-+]\d+\.\d\d)\]", text)]
+    end = re.fullmatch(
+      r".*\[episode return ([-+]\d+\.\d\d), (no success|success)\]",
+      text,
+      re.DOTALL,
+    )
+    assert turns and end, text[-300:]
+    assert sum(turns) == pytest.approx(float(end[1]), abs=0.006 * len(turns))
   # Warm-start steps log the imitation loss, RL steps the rollout.
   assert "sft/loss" in records[WARM] and "rollout/success" not in records[WARM]
   assert "rollout/success" in final and "sft/loss" not in final

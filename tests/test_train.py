@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from flax import nnx
 from configs import bandit
 from starpo_jax import checkpoint, report, train
 from starpo_jax import logging as log_lib
+from tests.helpers import read_tensorboard
 
 SMALL = [
   "--config.sft.steps=0",
@@ -180,6 +182,22 @@ def test_sigkilled_run_resumes_to_the_same_parameters_and_metrics(tmp_path):
   rb = _comparable(log_lib.read_metrics(str(resumed)))
   assert [r["step"] for r in rb] == list(range(1, 9))
   assert ra == rb
+  # Checkpoints every 2 steps, the last 3 kept; the config beside them.
+  kept = sorted(int(p.name) for p in (straight / "checkpoints").iterdir())
+  assert kept == [4, 6, 8]
+  assert (straight / "config.json").is_file()
+  # TensorBoard holds every logged metric at its step (its tags allow only
+  # letters, digits and "_-/.": "pass@4" is "pass_4" there).
+  events = read_tensorboard(straight / "tensorboard")
+  logged = {
+    (re.sub(r"[^-/\w.]", "_", k), r["step"]): v
+    for r in log_lib.read_metrics(str(straight))
+    for k, v in r.items()
+    if k != "step"
+  }
+  assert events.keys() == logged.keys()
+  for key, value in logged.items():
+    assert events[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
   # The collapse diagnostics, computed and logged every 3rd step only.
   assert [r["step"] for r in ra if "collapse/mi" in r] == [3, 6]
   assert [r["step"] for r in ra if "grads/task" in r] == [3, 6]
