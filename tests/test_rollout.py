@@ -236,6 +236,59 @@ def test_scripted_qa_answers_earn_one_then_a_half(tmp_path):
   assert list(traj.num_actions) == [1, 2, 1, 2, 2, 1]
 
 
+def test_mixed_answers_budgets_and_the_chat_stop_token():
+  """Three README claims on one scripted batch (groups share a level): an
+  answer mixing valid and invalid parts plays the valid ones and costs the
+  format penalty; the per-episode action budget cuts an answer short and
+  ends the episode; a reply that emits the chat's end-of-turn token stops
+  there (no answer: the penalty) and the next turn follows at once."""
+  tok = TOKENIZERS["compact"]()
+  cfg = dataclasses.replace(CFG, max_turns=3, max_actions_per_traj=3)
+  env, play = runner("sokoban", cfg)
+  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  stop = tok.chat.stop
+  ok = "ok</think><answer>{}</answer>"
+  replies = [
+    [ok.format("Up || Jump")],
+    [ok.format("Up")],
+    [ok.format("Up || Up")] * 3,
+    [f"hm{stop}", ok.format("Up")],
+    [ok.format("Jump")],
+    [ok.format("Up"), f"no{stop}", ok.format("Up")],
+  ]
+  replies = [r + [ok.format("Jump")] * (3 - len(r)) for r in replies]
+  traj = to_numpy(
+    play(
+      ScriptedPolicy(script_from(replies, tok), tok.vocab_size),
+      codec,
+      jax.random.key(4),
+    )
+  )
+  up = env.spec.action_names.index("Up")
+  penalty = cfg.format_penalty
+  # Mixed: the same move as its group's plain "Up", plus the penalty.
+  assert traj.turn_actions[0, 0, 0] == up and traj.turn_actions[0, 0, 1] == -1
+  assert traj.turn_penalized[0, 0] and not traj.turn_penalized[1, 0]
+  assert traj.turn_rewards[0, 0] == pytest.approx(
+    traj.turn_rewards[1, 0] + penalty
+  )
+  # Budget: 3 actions, then the episode ends after its second turn.
+  assert traj.num_actions[2] == 3
+  assert list(traj.turn_actions[2, 1]) == [up, -1]
+  assert list(traj.turn_played[2]) == [True, True, False]
+  # The chat's end-of-turn token ends the reply: no answer, the penalty,
+  # one end-of-turn token in the context, and the next turn plays "Up".
+  for b, k in ((3, 0), (5, 1)):
+    assert traj.turn_penalized[b, k] and traj.turn_rewards[b, k] == penalty
+    assert replies_by_turn(traj, tok, b)[k].endswith(stop)
+    assert traj.turn_actions[b, k + 1, 0] == up
+    seen = tok.decode(traj.tokens[b][: int(traj.length[b])])
+    # Every message closed once: the system's, each user's, each reply's
+    # but the last (the context ends there).
+    assert seen.count(stop) == 2 * seen.count(tok.chat.start("user"))
+  assert traj.turn_rewards[3, 1] == pytest.approx(traj.turn_rewards[1, 0])
+
+
 def test_garbage_gets_the_format_penalty_every_turn_without_nan():
   tok = TOKENIZERS["compact"]()
   cfg = CFG
