@@ -97,6 +97,7 @@ def episode_record(
         "reward": float(traj.turn_rewards[episode, k]),
         "format_ok": bool(traj.turn_format_ok[episode, k]),
         "valid": bool(traj.turn_valid[episode, k]),
+        "effective": bool(traj.turn_effective[episode, k]),
       }
     )
   return {

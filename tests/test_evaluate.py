@@ -75,6 +75,17 @@ def test_summary_matches_the_episodes_written(evaluated):
     assert stats[f"pass@{SAMPLES}"] == pytest.approx(solved_levels.mean())
     actions = [sum(len(t["actions"]) for t in r["turns"]) for r in records]
     assert stats["num_actions"] == pytest.approx(np.mean(actions))
+    assert stats["return"] == pytest.approx(
+      np.mean([r["return"] for r in records])
+    )
+    turns = [t for r in records for t in r["turns"]]
+    assert stats["num_turns"] == pytest.approx(len(turns) / len(records))
+    for stat, flag in (
+      ("valid_action_rate", "valid"),
+      ("effective_action_rate", "effective"),
+      ("format_rate", "format_ok"),
+    ):
+      assert stats[stat] == pytest.approx(np.mean([t[flag] for t in turns]))
     with open(os.path.join(out, f"eval_{label}.txt")) as f:
       assert f.read().count("[episode return") == 3
   # Greedy decoding plays both samples of a level the same way.
