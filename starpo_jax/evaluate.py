@@ -2,8 +2,8 @@
 beside a random player on the same levels; readable transcripts.
 
 Validation plays levels no training step draws: training steps fold the
-step number into ``key(seed)``, evaluation uses a key split from it. The
-levels are the same at every evaluation of a run.
+step number into ``key(seed)``, evaluation folds in the largest number, which
+no step reaches. The levels are the same at every evaluation of a run.
 
 As a command, it evaluates any checkpoint of a run::
 
@@ -125,9 +125,16 @@ def transcript(record: dict[str, Any]) -> str:
   return "".join(out)
 
 
+# Training step n draws from fold_in(key(seed), n) (the RL step and the warm
+# start alike); evaluation from the last child, which no step reaches. (It was
+# split(key(seed))[1], which is fold_in(key(seed), 1): the warm start's
+# second step played the first held-out levels.)
+HELD_OUT_CHILD = 2**32 - 1
+
+
 def held_out_key(seed: int) -> jax.Array:
   """The key of the evaluation levels (never a training step's key)."""
-  return jax.random.split(jax.random.key(seed))[1]
+  return jax.random.fold_in(jax.random.key(seed), HELD_OUT_CHILD)
 
 
 class Evaluator:

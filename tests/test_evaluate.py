@@ -9,13 +9,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import types
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import sokoban
 from reference import text as ref_text
 from starpo_jax import evaluate, rollout, train
+from starpo_jax import step as step_lib
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import peer_of
 
@@ -150,3 +154,29 @@ def test_bad_requests_are_named(tmp_path, run_dir):
     evaluate.main(["evaluate", f"--workdir={run_dir}", "--step=4"])
   with pytest.raises(SystemExit, match="not numbers"):
     evaluate.main(["evaluate", f"--workdir={run_dir}", "--temperatures=hot"])
+
+
+def test_held_out_levels_are_no_training_steps_levels():
+  """The README's claim: evaluation plays levels no training step draws,
+  warm-start or RL, over the first 2,000 steps of a run."""
+  seed, groups, held_out = 0, 16, 512
+
+  def level_keys(reset_key, n):
+    # What rollout.reset splits its key into: one key per group's level.
+    k_levels, _ = jax.random.split(reset_key)
+    return jax.random.key_data(jax.random.split(k_levels, n))
+
+  def training(step):
+    state = types.SimpleNamespace(key=jax.random.key(seed), step=step)
+    rl = rollout.reset_key(step_lib.step_keys(state)[0])
+    # The warm start's step plays the levels of fold_in(key, step) (sft.py).
+    warm = rollout.reset_key(jax.random.fold_in(state.key, step))
+    return jnp.concatenate([level_keys(rl, groups), level_keys(warm, groups)])
+
+  trained = jax.vmap(training)(jnp.arange(2000)).reshape(-1, 2)
+  evaluated = level_keys(
+    rollout.reset_key(evaluate.held_out_key(seed)), held_out
+  )
+  seen = {tuple(k) for k in np.asarray(trained).tolist()}
+  assert len(seen) == trained.shape[0]  # distinct among themselves too
+  assert not seen & {tuple(k) for k in np.asarray(evaluated).tolist()}
