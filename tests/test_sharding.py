@@ -127,29 +127,43 @@ def test_two_processes_agree(tmp_path):
     port = str(s.getsockname()[1])
   env = dict(os.environ, PYTHONPATH=os.getcwd())
   env.pop("XLA_FLAGS", None)
+  # The reference: the same run in one process with two devices.
+  single = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  runs = [
+    (port, 0, "run", env),
+    (port, 1, "run", env),
+    ("single", 0, "one", single),
+  ]
   procs = [
     subprocess.Popen(
       [
         sys.executable,
         "-m",
         "tests.sharding.run_distributed",
-        port,
+        first,
         str(i),
-        str(tmp_path / "run"),
+        str(tmp_path / workdir),
       ],
-      env=env,
+      env=process_env,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
     )
-    for i in range(2)
+    for first, i, workdir, process_env in runs
   ]
   outs = [p.communicate(timeout=900) for p in procs]
   for p, (_, err) in zip(procs, outs, strict=True):
     assert p.returncode == 0, err[-4000:]
   results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-  assert [r["process_count"] for r in results] == [2, 2]
+  assert [r["process_count"] for r in results] == [2, 2, 1]
+  assert [r["devices"] for r in results] == [2, 2, 2]
   assert results[0]["metrics"] == results[1]["metrics"]
+  one = results[2]["metrics"]
+  assert results[0]["metrics"].keys() == one.keys()
+  for name, value in one.items():
+    np.testing.assert_allclose(
+      results[0]["metrics"][name], value, rtol=1e-5, atol=1e-6, err_msg=name
+    )
   # Only process 0 reports: one progress summary, one metrics file.
   assert "done: 2 steps" in outs[0][0]
   assert "done:" not in outs[1][0]

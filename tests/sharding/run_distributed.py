@@ -1,7 +1,11 @@
 """One process of a two-process CPU run joined by ``jax.distributed``:
-trains one step and prints its metrics as JSON (tests/test_sharding).
+trains two steps and prints the final metrics as JSON
+(tests/test_sharding). With ``single`` for the port, the same run in one
+process (give it two devices: ``--xla_force_host_platform_device_count=2``),
+the reference the two processes must reproduce.
 
   python -m tests.sharding.run_distributed PORT PROCESS_ID WORKDIR
+  python -m tests.sharding.run_distributed single 0 WORKDIR
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ import jax
 
 def main() -> None:
   port, process_id, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-  jax.distributed.initialize(
-    coordinator_address=f"localhost:{port}",
-    num_processes=2,
-    process_id=process_id,
-  )
+  if port != "single":
+    jax.distributed.initialize(
+      coordinator_address=f"localhost:{port}",
+      num_processes=2,
+      process_id=process_id,
+    )
   import ml_collections
 
   from configs import bandit
