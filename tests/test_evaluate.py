@@ -23,7 +23,7 @@ from starpo_jax import step as step_lib
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import peer_of
 
-LEVELS, SAMPLES = 12, 2
+LEVELS, SAMPLES = 24, 2
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def run_dir(tmp_path_factory):
   c.train.checkpoint_every = 3
   # A budget that ends episodes in the middle of a turn's answer: the
   # transcript must record only the actions executed.
-  c.rollout.max_actions_per_traj = 3
+  c.rollout.max_actions_per_traj = 2
   workdir = str(tmp_path_factory.mktemp("run"))
   train.run(c, workdir)
   return workdir
@@ -79,9 +79,9 @@ def test_summary_matches_the_episodes_written(evaluated):
     assert stats[f"pass@{SAMPLES}"] == pytest.approx(solved_levels.mean())
     actions = [sum(len(t["actions"]) for t in r["turns"]) for r in records]
     assert stats["num_actions"] == pytest.approx(np.mean(actions))
-    assert stats["return"] == pytest.approx(
-      np.mean([r["return"] for r in records])
-    )
+    # float32 sums on the device: equal to a few ulps.
+    returns = np.mean([r["return"] for r in records])
+    assert stats["return"] == pytest.approx(returns, rel=1e-5, abs=1e-6)
     turns = [t for r in records for t in r["turns"]]
     assert stats["num_turns"] == pytest.approx(len(turns) / len(records))
     for stat, flag in (
