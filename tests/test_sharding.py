@@ -50,6 +50,12 @@ def test_metrics_match_one_device(runs, mesh):
     np.testing.assert_allclose(
       many["metrics"][name], value, atol=1e-5, rtol=1e-5, err_msg=name
     )
+  # The gradient the update starts from: the same on every mesh.
+  g_one, g_many = np.asarray(one["grad"]), np.asarray(many["grad"])
+  assert np.abs(g_one).max() > 1e-3
+  np.testing.assert_allclose(
+    g_many, g_one, rtol=1e-4, atol=1e-6 * np.abs(g_one).max()
+  )
   # The updated parameters: equal but for coordinates where Adam's +-lr
   # first step took the sign of rounding noise (see run_meshes.py).
   lr = bandit.get_config("").optim.lr

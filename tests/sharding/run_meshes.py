@@ -10,10 +10,12 @@ import json
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from configs import bandit
 from starpo_jax import sharding, train
+from starpo_jax import step as step_lib
 
 # One device, then data with FSDP, all three axes, FSDP with tensor: a
 # data-only mesh would add a compile and nothing these do not cover.
@@ -36,6 +38,35 @@ def config():
   return c
 
 
+def gradient(setup, learner, state) -> np.ndarray:
+  """The policy gradient of the step's objective on the step's own batch,
+  before the optimizer sees it, flattened. Adam's first step turns every
+  coordinate into +-lr, so coordinates whose gradient is rounding noise
+  may take either sign on another mesh; the gradient itself must agree."""
+  algo, rcfg = setup.algo, setup.rollout_cfg
+  k_roll, _ = step_lib.step_keys(state)
+
+  def grad(state, codec, key):
+    p = step_lib.prepare(
+      learner, state, codec, setup.env, rcfg, algo, setup.filter_cfg, key
+    )
+    objective = lambda params: step_lib.term_objective(
+      params,
+      learner.policy_def,
+      p.batch,
+      algo,
+      rcfg.temperature,
+      codec.allowed,
+      jnp.ones(3),
+    )[0]
+    return jax.grad(objective)(state.policy)
+
+  g = jax.jit(sharding.traced_for(setup.mesh, grad))(state, setup.codec, k_roll)
+  return np.concatenate(
+    [np.ravel(x) for x in jax.tree.leaves(jax.device_get(g))]
+  )
+
+
 def main() -> None:
   assert len(jax.devices()) == 8, jax.devices()
   out = {}
@@ -44,6 +75,7 @@ def main() -> None:
     setup.mesh = sharding.make_mesh(shape, jax.devices()[: int(np.prod(shape))])
     learner = train.make_learner(setup)
     state = train.init_state(setup, learner)
+    grad = gradient(setup, learner, state)  # before the step donates state
     step = train.compile_step(setup, state, learner)
     state, metrics = step(state, setup.codec)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -67,6 +99,7 @@ def main() -> None:
       "policy": np.concatenate(
         [np.ravel(x) for x in jax.tree.leaves(jax.device_get(state.policy))]
       ).tolist(),
+      "grad": grad.tolist(),
       "shards": shards,
       "param_bytes": sharding.bytes_per_device(state.policy),
     }
