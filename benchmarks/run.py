@@ -513,6 +513,7 @@ def update_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
     advantages=jnp.asarray(data["adv"]),
     returns=zeros,
     values=zeros,
+    episode=jnp.arange(mb, dtype=jnp.int32),
   )
   # Donated: each suite has a Pair of its own.
   carry = {"params": pair.state.policy, "opt": pair.state.policy_opt}

@@ -230,6 +230,9 @@ def apply_model(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
     # advantages fell mostly on "</answer>" and " || ", and the warm-started
     # Sokoban policy forgot the answer format within 10 steps.
     c.algo.loss_agg = "seq-mean-token-mean"
+    # Its episodes nearly fill the trimmed contexts (Sokoban: 298 of 320
+    # tokens), so a shorter bucket would never run; each costs a compile.
+    c.algo.length_buckets = 1
     if args["algo"] in ("starpo_s", "starpo_s2"):
       # StarPO-S's filter, clipping and KL choices with group-relative
       # advantages: a critic trained from scratch beside the tiny policy

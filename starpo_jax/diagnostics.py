@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from starpo_jax import advantages as adv_lib
-from starpo_jax import filtering
+from starpo_jax import filtering, losses
 from starpo_jax.rollout import Trajectory
 
 
@@ -336,10 +336,13 @@ def step_metrics(
         jnp.float32
       ),
       "filter/kept_ratio": selection.kept_fraction,
+      "filter/over_capacity": selection.over_capacity.astype(jnp.float32),
     }
   )
   if algo.uses_reference:
-    metrics["rollout/kl_to_reference"] = _masked_mean(scored.kl, scored.mask)
+    # Over the trained tokens: the reference scores only the held groups.
+    kl = losses.kl(batch.old_logp, batch.ref_logp, algo.kl_estimator)
+    metrics["rollout/kl_to_reference"] = _masked_mean(kl, batch.mask)
   if algo.uses_critic:
     metrics["train/explained_variance"] = explained_variance(
       batch.returns, batch.values, batch.mask

@@ -3,13 +3,16 @@
 RAGEN's finding: groups whose episodes all earn the same reward carry no
 learning signal, and training on them speeds up collapse. Each group is
 scored by a metric (the in-group reward standard deviation by default) and
-a strategy keeps some groups. Shapes stay static: dropped groups are masked,
-never sliced.
+a strategy keeps some groups. Shapes stay static: the kept groups are
+gathered into ``capacity(cfg, groups)`` slots (exact for ``top_k``,
+``top_k_abs`` and linear ``top_p``; a setting otherwise), so the update
+runs only over them; a slot with no kept group is masked.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +34,9 @@ class FilterConfig:
   with ``value >= 1`` keeps everything. ``include_zero=False`` never keeps
   groups whose score is 0 (DAPO's dynamic sampling with ``reward_std``).
   ``loss_scaling`` scales advantages by the kept fraction (or its root).
+  ``capacity`` is how many groups the update holds (0: derived, see
+  ``capacity``); the filter's groups beyond it are dropped, least
+  preferred first, and counted (``filter/over_capacity``).
   """
 
   metric: str = "reward_std"
@@ -41,6 +47,7 @@ class FilterConfig:
   top_p_mode: str = "linear"
   selection_eps: float = 0.01
   loss_scaling: str = "none"
+  capacity: int = 0
 
   def __post_init__(self) -> None:
     for name, known in (
@@ -55,10 +62,46 @@ class FilterConfig:
         )
     if self.value < 0:
       raise ValueError(f"filter: value={self.value} must be >= 0")
+    if self.capacity < 0:
+      raise ValueError(
+        f"filter: capacity={self.capacity} must be >= 0 (0: derived)"
+      )
 
   @property
   def keeps_everything(self) -> bool:
     return self.strategy == "top_p" and self.value >= 1 and self.include_zero
+
+
+def _top_k(cfg: FilterConfig, groups: int) -> int:
+  """``top_k`` / ``top_k_abs``'s count before the candidates bound it."""
+  k = int(cfg.value * groups) if cfg.strategy == "top_k" else int(cfg.value)
+  return min(max(k, 1), groups)
+
+
+def capacity(cfg: FilterConfig, groups: int) -> int:
+  """How many of ``groups`` rollout groups the update holds.
+
+  ``cfg.capacity`` if set (at most ``groups``); else the most the filter
+  can keep: ``k`` for ``top_k`` / ``top_k_abs``; ``ceil(value * groups)``
+  for ``top_p`` (exact in linear mode: the top ``k`` groups hold at least
+  ``k / groups`` of the summed score, so a ``(k + 1)``-th is never needed;
+  softmax mode may want more); every group for ``min_p``, whose count has
+  no bound below that.
+  """
+  if cfg.capacity:
+    return min(cfg.capacity, groups)
+  if cfg.strategy in ("top_k", "top_k_abs"):
+    return _top_k(cfg, groups)
+  if cfg.strategy == "top_p":
+    return min(max(math.ceil(cfg.value * groups - 1e-9), 1), groups)
+  return groups
+
+
+def preference(scores: jax.Array, keep: jax.Array, largest: bool) -> jax.Array:
+  """Group indices ``[G]``: kept groups first, each part in the filter's
+  order of preference (stable for ties)."""
+  direction = -1.0 if largest else 1.0
+  return jnp.lexsort((direction * scores, ~keep))
 
 
 def group_scores(
@@ -106,8 +149,7 @@ def keep_groups(scores: jax.Array, cfg: FilterConfig) -> jax.Array:
   ranked_candidate = candidate[order]
   position = jnp.arange(n)
   if cfg.strategy in ("top_k", "top_k_abs"):
-    k = int(cfg.value * n) if cfg.strategy == "top_k" else int(cfg.value)
-    k = jnp.maximum(jnp.minimum(k, count), 1)
+    k = jnp.maximum(jnp.minimum(_top_k(cfg, n), count), 1)
     take = ranked_candidate & (position < k)
   elif cfg.top_p_mode == "softmax":
     logits = jnp.where(ranked_candidate, -direction * ranked, -jnp.inf)

@@ -64,6 +64,11 @@ class AlgoConfig:
   # (the same update, less memory). 0: the whole minibatch at once.
   micro_batch_tokens: int = 0
   logits_chunk: int = 512  # sequence chunk for log-probabilities
+  # Scoring and the update run at the shortest of this many static lengths
+  # (evenly spaced up to rollout.max_context, multiples of 128) that holds
+  # the longest kept episode; each length is one more compile of them. 1:
+  # always max_context.
+  length_buckets: int = 4
 
   def __post_init__(self) -> None:
     for name, known in (
@@ -75,7 +80,7 @@ class AlgoConfig:
         raise ValueError(
           f"algo: {name}={getattr(self, name)!r}; expected one of {known}"
         )
-    for name in ("epochs", "minibatches", "logits_chunk"):
+    for name in ("epochs", "minibatches", "logits_chunk", "length_buckets"):
       if getattr(self, name) < 1:
         raise ValueError(f"algo: {name} must be >= 1")
     if self.micro_batch_tokens < 0:
@@ -145,15 +150,23 @@ class Scored:
 
 @struct.dataclass
 class Selection:
-  """Which rollout groups the update trains on (StarPO-S)."""
+  """Which rollout groups the update trains on (StarPO-S), and the
+  episodes it holds: whole groups, the kept ones among them."""
 
   group_scores: jax.Array  # [groups] the filter metric
-  keep_group: jax.Array  # [groups] bool
+  keep_group: jax.Array  # [groups] bool, within the capacity
   keep: jax.Array  # [B] bool, per episode
+  rows: jax.Array  # [C * group_size] int32 episodes the update holds
+  over_capacity: jax.Array  # [] int32 groups kept beyond the capacity
 
   @property
   def kept_fraction(self) -> jax.Array:
     return jnp.mean(self.keep_group.astype(jnp.float32))
+
+  @property
+  def row_keep(self) -> jax.Array:
+    """[C * group_size] bool: the held episode is kept."""
+    return self.keep[self.rows]
 
 
 @struct.dataclass
@@ -168,6 +181,7 @@ class Batch:
   advantages: jax.Array
   returns: jax.Array  # the critic's targets (0 without a critic)
   values: jax.Array  # the critic's values at rollout time
+  episode: jax.Array  # [B] int32 each row's episode in the rollout
 
 
 def generated_positions(mask: jax.Array, size: int) -> jax.Array:
@@ -196,10 +210,19 @@ def _before_each(
   model: Any, tokens: jax.Array, positions: jax.Array
 ) -> jax.Array:
   """Hidden states ``[B, G, D]`` that predict the tokens at ``positions``:
-  the token at position p is predicted from the hidden state at p - 1."""
+  the token at position p is predicted from the hidden state at p - 1.
+  ``positions`` must be ``_within(tokens, ...)``."""
   h, _ = model.hidden(tokens)
   before = jnp.maximum(positions - 1, 0)
   return jnp.take_along_axis(h, before[..., None], axis=1)
+
+
+def _within(tokens: jax.Array, positions: jax.Array) -> jax.Array:
+  """``positions`` clamped into ``tokens [B, L]``: a sequence cut to a
+  length bucket may leave untrained tokens beyond it, whose values are
+  then finite and masked (an out-of-range gather gives NaN, and a NaN
+  times a zero mask is still NaN in the gradient)."""
+  return jnp.minimum(positions, tokens.shape[1] - 1)
 
 
 def sequence_logprobs(
@@ -223,6 +246,7 @@ def sequence_logprobs(
   Returns:
     ``logp`` and ``entropy``, ``[B, G]``.
   """
+  positions = _within(tokens, positions)
   h_prev = _before_each(model, tokens, positions)
   targets = jnp.take_along_axis(tokens, positions, axis=1)
   b, g, d = h_prev.shape
@@ -248,6 +272,7 @@ def sequence_values(
 ) -> jax.Array:
   """The critic's value ``[B, G]`` of the state before each generated
   token (``tokens [B, L]``, ``positions [B, G]``)."""
+  positions = _within(tokens, positions)
   return critic.values(_before_each(critic, tokens, positions))
 
 
@@ -296,63 +321,143 @@ def collect(
 # Phase 2: score
 
 
-def score(
-  learner: Learner,
-  state: TrainState,
-  traj: Trajectory,
-  codec: Codec,
-  cfg: RolloutConfig,
-  algo: AlgoConfig,
-) -> Scored:
-  """Token rewards, the reference's log-probabilities and the critic's
-  values on the generated tokens."""
+def score_rewards(traj: Trajectory, cfg: RolloutConfig, algo: AlgoConfig):
+  """The rollout's generated tokens, their sampling log-probabilities and
+  rewards (no model runs; the reference and critic fields are 0)."""
   positions, mask = pack_generated(traj, cfg.max_generated)
   take = lambda x: jnp.take_along_axis(x, positions, axis=1)
   old_logp = take(traj.logprobs)
-  rewards = take(token_rewards(traj, algo.use_turn_scores))
-  chunk = algo.logits_chunk
-  ref_logp = jnp.zeros_like(old_logp)
-  if algo.uses_reference:
-    reference = nnx.merge(learner.policy_def, state.reference)
-    ref_logp, _ = sequence_logprobs(
-      reference, traj.tokens, positions, cfg.temperature, codec.allowed, chunk
-    )
-    ref_logp = jax.lax.stop_gradient(ref_logp)
-  kl = losses.kl(old_logp, ref_logp, algo.kl_estimator) * mask
-  if algo.uses_reference and algo.kl_in_reward:
-    rewards = rewards - algo.kl_coef * kl
-  values = jnp.zeros_like(old_logp)
-  if algo.uses_critic:
-    critic = nnx.merge(learner.critic_def, state.critic)
-    values = sequence_values(critic, traj.tokens, positions)
-    values = jax.lax.stop_gradient(values) * mask
+  zeros = jnp.zeros_like(old_logp)
   return Scored(
     positions=positions,
     mask=mask,
     old_logp=old_logp,
     entropy=take(traj.entropy),
-    rewards=rewards,
+    rewards=take(token_rewards(traj, algo.use_turn_scores)),
     turn_end=take(turn_ends(traj)) & mask,
-    ref_logp=ref_logp,
-    kl=kl,
-    values=values,
+    ref_logp=zeros,
+    kl=zeros,
+    values=zeros,
   )
+
+
+def score_models(
+  learner: Learner,
+  state: TrainState,
+  tokens: jax.Array,
+  scored: Scored,
+  codec: Codec,
+  cfg: RolloutConfig,
+  algo: AlgoConfig,
+) -> Scored:
+  """``scored`` with the reference's log-probabilities (and the KL, in the
+  rewards if ``algo.kl_in_reward``) and the critic's values on the
+  episodes ``tokens [B, L']`` (``L'`` holding every generated token)."""
+  positions, mask = scored.positions, scored.mask
+  ref_logp, rewards, values = scored.ref_logp, scored.rewards, scored.values
+  if algo.uses_reference:
+    reference = nnx.merge(learner.policy_def, state.reference)
+    ref_logp, _ = sequence_logprobs(
+      reference,
+      tokens,
+      positions,
+      cfg.temperature,
+      codec.allowed,
+      algo.logits_chunk,
+    )
+    ref_logp = jax.lax.stop_gradient(ref_logp)
+  kl = losses.kl(scored.old_logp, ref_logp, algo.kl_estimator) * mask
+  if algo.uses_reference and algo.kl_in_reward:
+    rewards = rewards - algo.kl_coef * kl
+  if algo.uses_critic:
+    critic = nnx.merge(learner.critic_def, state.critic)
+    values = sequence_values(critic, tokens, positions)
+    values = jax.lax.stop_gradient(values) * mask
+  return scored.replace(
+    ref_logp=ref_logp, kl=kl, rewards=rewards, values=values
+  )
+
+
+def bucket_lengths(context: int, buckets: int) -> tuple[int, ...]:
+  """The static sequence lengths scoring and the update may run at:
+  ``buckets`` evenly spaced up to ``context``, rounded up to multiples of
+  128 (the attention kernels' blocks), the last ``context`` itself."""
+  lengths = {
+    min(context, -(-context * i // buckets // 128) * 128)
+    for i in range(1, buckets)
+  }
+  return tuple(sorted(lengths | {context}))
+
+
+def needed_length(mask: jax.Array, positions: jax.Array) -> jax.Array:
+  """[] int32: a sequence length holding every masked generated token
+  (``mask``, ``positions`` ``[B, G]``); the attention is causal, so the
+  tokens after the last of them change none of their log-probabilities."""
+  return jnp.max(jnp.where(mask, positions, 0)) + 1
+
+
+def at_length(
+  lengths: tuple[int, ...],
+  needed: jax.Array,
+  fn: Callable[[jax.Array], Any],
+  tokens: jax.Array,
+) -> tuple[Any, jax.Array]:
+  """``fn(tokens[:, :length])`` at the shortest of ``lengths`` (static,
+  ascending) that is at least ``needed``, chosen on device: one compiled
+  branch per length (``lax.switch``), no recompilation.
+
+  Returns:
+    ``fn``'s result and the length used, ``[]`` int32.
+  """
+  if len(lengths) == 1:
+    return fn(tokens), jnp.asarray(lengths[0], jnp.int32)
+  table = jnp.asarray(lengths, jnp.int32)
+  index = jnp.minimum(jnp.searchsorted(table, needed), len(lengths) - 1)
+  branches = [lambda t, n=n: fn(t[:, :n]) for n in lengths]
+  return jax.lax.switch(index, branches, tokens), table[index]
 
 
 # ---------------------------------------------------------------------------
 # Phase 3: select
 
 
+def held_groups(
+  cfg: filtering.FilterConfig, rollout_cfg: RolloutConfig, algo: AlgoConfig
+) -> int:
+  """Rollout groups the update holds: the filter's capacity, rounded up so
+  that they fill whole minibatches (a minibatch is ``batch /
+  algo.minibatches`` episodes, kept or not, as without compaction)."""
+  groups, size = rollout_cfg.env_groups, rollout_cfg.group_size
+  per_minibatch = rollout_cfg.batch // algo.minibatches
+  held = filtering.capacity(cfg, groups)
+  while (held * size) % per_minibatch:
+    held += 1
+  return held
+
+
 def select(
-  scored: Scored, cfg: filtering.FilterConfig, groups: int
+  scored: Scored, cfg: filtering.FilterConfig, groups: int, held: int
 ) -> Selection:
-  """StarPO-S: whole groups kept or masked, never sliced."""
+  """StarPO-S: whole groups kept, and the ``held`` groups the update
+  holds: the kept ones first, in the filter's order of preference (a kept
+  group past ``held`` is dropped and counted)."""
   group_scores = filtering.group_scores(
     cfg.metric, scored.scores, scored.lengths, scored.episode_entropy, groups
   )
-  keep_group = filtering.keep_groups(group_scores, cfg)
-  keep = jnp.repeat(keep_group, scored.mask.shape[0] // groups)
-  return Selection(group_scores=group_scores, keep_group=keep_group, keep=keep)
+  wanted = filtering.keep_groups(group_scores, cfg)
+  slots = jnp.sort(
+    filtering.preference(group_scores, wanted, cfg.largest)[:held]
+  )
+  keep_group = wanted & jnp.zeros(groups, bool).at[slots].set(True)
+  size = scored.mask.shape[0] // groups
+  rows = (slots[:, None] * size + jnp.arange(size)).reshape(-1)
+  return Selection(
+    group_scores=group_scores,
+    keep_group=keep_group,
+    keep=jnp.repeat(keep_group, size),
+    rows=rows.astype(jnp.int32),
+    over_capacity=jnp.sum(wanted) - jnp.sum(keep_group),
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -360,15 +465,17 @@ def select(
 
 
 def make_batch(
-  traj: Trajectory,
+  tokens: jax.Array,
   scored: Scored,
   selection: Selection,
   algo: AlgoConfig,
   filter_cfg: filtering.FilterConfig,
-  groups: int,
 ) -> Batch:
-  """Advantages over the kept episodes, and everything the update reads."""
-  train_mask = scored.mask & selection.keep[:, None]
+  """Advantages over the kept episodes, and everything the update reads.
+  ``tokens [rows, L]`` and ``scored`` hold the selection's rows."""
+  keep = selection.row_keep
+  train_mask = scored.mask & keep[:, None]
+  group_size = selection.keep.shape[0] // selection.keep_group.shape[0]
   advantages, returns = adv_lib.compute(
     algo.adv_estimator,
     adv_lib.Inputs(
@@ -378,12 +485,12 @@ def make_batch(
       turn_end=scored.turn_end & train_mask,
       scores=scored.scores,
     ),
-    groups,
+    keep.shape[0] // group_size,
     algo,
   )
   scale = filtering.loss_scale(selection.kept_fraction, filter_cfg)
   return Batch(
-    tokens=traj.tokens,
+    tokens=tokens,
     positions=scored.positions,
     mask=train_mask,
     old_logp=scored.old_logp,
@@ -391,6 +498,7 @@ def make_batch(
     advantages=advantages * scale,
     returns=returns,
     values=scored.values,
+    episode=selection.rows,
   )
 
 
@@ -556,18 +664,22 @@ def apply_gradients(
 
 
 def minibatches(
-  batch: Batch, keep: jax.Array, count: int, key: jax.Array
+  batch: Batch, keep: jax.Array, size: int, key: jax.Array, episodes: int
 ) -> Batch:
-  """The batch shuffled and cut into ``[count, B / count, ...]``.
+  """The batch shuffled and cut into ``[B / size, size, ...]``.
 
-  Kept episodes move to the front, so minibatches with nothing to train on
-  come last and are skipped (RAGEN slices the kept episodes instead).
+  The shuffle is a permutation of the rollout's ``episodes`` (rows follow
+  their episode's place in it), so a batch holding only the kept groups
+  gets the same minibatches as the whole rollout would. Kept episodes move
+  to the front, so minibatches with nothing to train on come last and are
+  skipped.
   """
   b = keep.shape[0]
-  order = jax.random.permutation(key, b)
+  rank = jnp.argsort(jax.random.permutation(key, episodes))
+  order = jnp.argsort(rank[batch.episode])
   order = order[jnp.argsort(~keep[order], stable=True)]
   return jax.tree.map(
-    lambda x: x[order].reshape(count, b // count, *x.shape[1:]), batch
+    lambda x: x[order].reshape(b // size, size, *x.shape[1:]), batch
   )
 
 
@@ -581,58 +693,72 @@ def update(
   allowed: jax.Array | None,
   key: jax.Array,
   constrain: Callable[[Any], Any] = lambda tree: tree,
+  episodes: int | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-  """``algo.epochs`` x ``algo.minibatches`` clipped policy (and value)
-  updates.
+  """``algo.epochs`` x minibatches of clipped policy (and value) updates.
+
+  A minibatch is ``episodes / algo.minibatches`` rows (``episodes``: the
+  rollout's, which the batch may hold only some of; default the batch's).
+  Every minibatch runs at the shortest of ``bucket_lengths`` holding the
+  batch's kept tokens.
 
   Returns:
     The state with new parameters and optimizer states, and per-minibatch
     statistics ``[epochs, minibatches]`` (``live``: it had tokens to train
-    on; ``skipped``: its update was not finite).
+    on; ``skipped``: its update was not finite; ``length``: the sequence
+    length it ran at).
   """
-  b, length = batch.tokens.shape
-  micro = micro_batches(b // algo.minibatches, length, algo.micro_batch_tokens)
+  b, context = batch.tokens.shape
+  episodes = episodes or b
+  size = episodes // algo.minibatches
+  lengths = bucket_lengths(context, algo.length_buckets)
 
-  def train_minibatch(carry, mb: Batch):
-    params, opt, c_params, c_opt = carry
-    mb = constrain(mb)
-    live = jnp.any(mb.mask)
-    grads = lambda objective: batch_gradients(
-      objective, mb, micro, algo.loss_agg
-    )
-    params, opt, stats, finite = apply_gradients(
-      learner.policy_tx,
-      grads(
-        lambda p, b: policy_objective(
-          p, learner.policy_def, b, algo, temperature, allowed
-        )
-      ),
-      params,
-      opt,
-      live,
-    )
-    if algo.uses_critic:
-      c_params, c_opt, c_stats, c_finite = apply_gradients(
-        learner.critic_tx,
-        grads(lambda p, b: critic_objective(p, learner.critic_def, b, algo)),
-        c_params,
-        c_opt,
+  def at(tokens: jax.Array):
+    micro = micro_batches(size, tokens.shape[1], algo.micro_batch_tokens)
+
+    def train_minibatch(carry, mb: Batch):
+      params, opt, c_params, c_opt = carry
+      mb = constrain(mb)
+      live = jnp.any(mb.mask)
+      grads = lambda objective: batch_gradients(
+        objective, mb, micro, algo.loss_agg
+      )
+      params, opt, stats, finite = apply_gradients(
+        learner.policy_tx,
+        grads(
+          lambda p, b: policy_objective(
+            p, learner.policy_def, b, algo, temperature, allowed
+          )
+        ),
+        params,
+        opt,
         live,
       )
-      stats.update(c_stats, critic_grad_norm=c_stats.pop("grad_norm"))
-      finite = finite & c_finite
-    stats.update(live=live, skipped=live & ~finite)
-    return (params, opt, c_params, c_opt), stats
+      if algo.uses_critic:
+        c_params, c_opt, c_stats, c_finite = apply_gradients(
+          learner.critic_tx,
+          grads(lambda p, b: critic_objective(p, learner.critic_def, b, algo)),
+          c_params,
+          c_opt,
+          live,
+        )
+        stats.update(c_stats, critic_grad_norm=c_stats.pop("grad_norm"))
+        finite = finite & c_finite
+      stats.update(live=live, skipped=live & ~finite)
+      return (params, opt, c_params, c_opt), stats
 
-  def epoch(carry, k):
-    return jax.lax.scan(
-      train_minibatch, carry, minibatches(batch, keep, algo.minibatches, k)
-    )
+    def epoch(carry, k):
+      parts = minibatches(batch.replace(tokens=tokens), keep, size, k, episodes)
+      return jax.lax.scan(train_minibatch, carry, parts)
 
-  carry = (state.policy, state.policy_opt, state.critic, state.critic_opt)
-  (params, opt, c_params, c_opt), stats = jax.lax.scan(
-    epoch, carry, jax.random.split(key, algo.epochs)
-  )
+    carry = (state.policy, state.policy_opt, state.critic, state.critic_opt)
+    return jax.lax.scan(epoch, carry, jax.random.split(key, algo.epochs))
+
+  needed = needed_length(batch.mask, batch.positions)
+  with jax.named_scope("update"):
+    out, length = at_length(lengths, needed, at, batch.tokens)
+  (params, opt, c_params, c_opt), stats = out
+  stats["length"] = jnp.broadcast_to(length, stats["live"].shape)
   new_state = state.replace(
     policy=params, policy_opt=opt, critic=c_params, critic_opt=c_opt
   )
@@ -676,6 +802,7 @@ def gradient_split(
   state: TrainState,
   batch: Batch,
   group_std: jax.Array,
+  group_size: int,
   algo: AlgoConfig,
   temperature: float,
   allowed: jax.Array | None,
@@ -688,20 +815,21 @@ def gradient_split(
   ``K = 1`` the lowest std; ``grads/std_qK`` its groups' mean std; a
   bucket with no kept token has norm 0). RAGEN-2's gradient analysis: the
   task gradient of low-spread groups is small, so there regularisers
-  dominate the update.
+  dominate the update. ``group_std [groups]`` covers every rollout group
+  (of ``group_size`` episodes), the batch's rows some of them.
   """
   b, length = batch.tokens.shape
   groups = group_std.shape[0]
   buckets = min(buckets, groups)
   bucket = diagnostics.std_buckets(group_std, buckets)
-  of_episode = jnp.repeat(bucket, b // groups)[:, None]
+  of_episode = bucket[batch.episode // group_size][:, None]
   weights = [*TERMS.values()] + [TERMS["task"]] * buckets
   masks = [batch.mask] * len(TERMS) + [
     batch.mask & (of_episode == k) for k in range(buckets)
   ]
   # Never more at once than the update holds: a minibatch, or its micro-batch.
-  per_minibatch = b // algo.minibatches
-  micro = algo.minibatches * micro_batches(
+  per_minibatch = groups * group_size // algo.minibatches
+  micro = (b // per_minibatch) * micro_batches(
     per_minibatch, length, algo.micro_batch_tokens
   )
 
@@ -735,8 +863,9 @@ class Prepared:
   """Phases 1-4 of a step: what was played and what the update reads."""
 
   traj: Trajectory
-  scored: Scored
+  scored: Scored  # every episode; the models' fields only with a KL reward
   selection: Selection
+  held: Scored  # the selection's rows, the models' fields filled
   batch: Batch
 
 
@@ -752,12 +881,60 @@ def prepare(
   constrain: Callable[[Any], Any] = lambda tree: tree,
 ) -> Prepared:
   """collect -> score -> select -> make_batch, with the rollout key."""
-  traj = collect(learner, state, codec, env, rollout_cfg, key, constrain)
-  scored = score(learner, state, traj, codec, rollout_cfg, algo)
+  with jax.named_scope("collect"):
+    traj = collect(learner, state, codec, env, rollout_cfg, key, constrain)
+  return prepare_batch(
+    learner, state, codec, traj, rollout_cfg, algo, filter_cfg, constrain
+  )
+
+
+def prepare_batch(
+  learner: Learner,
+  state: TrainState,
+  codec: Codec,
+  traj: Trajectory,
+  rollout_cfg: RolloutConfig,
+  algo: AlgoConfig,
+  filter_cfg: filtering.FilterConfig,
+  constrain: Callable[[Any], Any] = lambda tree: tree,
+) -> Prepared:
+  """score -> select -> make_batch on a rollout.
+
+  The filter reads only the rollout (rewards, lengths, sampling entropy),
+  so the reference and the critic score just the held groups, at the
+  shortest bucket length that holds their kept tokens; only a KL in the
+  reward must be known before selecting, and then they score every
+  episode.
+  """
   groups = rollout_cfg.env_groups
-  selection = select(scored, filter_cfg, groups)
-  batch = make_batch(traj, scored, selection, algo, filter_cfg, groups)
-  return Prepared(traj, scored, selection, constrain(batch))
+  held = held_groups(filter_cfg, rollout_cfg, algo)
+  lengths = bucket_lengths(traj.tokens.shape[1], algo.length_buckets)
+
+  def by_models(tokens: jax.Array, scored: Scored, mask: jax.Array):
+    if not (algo.uses_reference or algo.uses_critic):
+      return scored
+    with jax.named_scope("score"):
+      fn = lambda t: score_models(
+        learner, state, t, scored, codec, rollout_cfg, algo
+      )
+      return at_length(
+        lengths, needed_length(mask, scored.positions), fn, tokens
+      )[0]
+
+  scored = score_rewards(traj, rollout_cfg, algo)
+  reward_needs_models = algo.uses_reference and algo.kl_in_reward
+  if reward_needs_models:
+    scored = by_models(traj.tokens, scored, scored.mask)
+  with jax.named_scope("select"):
+    selection = select(scored, filter_cfg, groups, held)
+  rows = lambda x: x if held == groups else x[selection.rows]
+  tokens, rows_scored = rows(traj.tokens), jax.tree.map(rows, scored)
+  if not reward_needs_models:
+    kept = rows_scored.mask & selection.row_keep[:, None]
+    rows_scored = by_models(tokens, rows_scored, kept)
+  with jax.named_scope("advantages"):
+    batch = make_batch(tokens, rows_scored, selection, algo, filter_cfg)
+  return Prepared(traj, scored, selection, rows_scored, constrain(batch))
 
 
 def diagnose(
@@ -809,6 +986,7 @@ def diagnose(
       state,
       p.batch,
       group_std,
+      rollout_cfg.group_size,
       algo,
       rollout_cfg.temperature,
       codec.allowed,
@@ -851,7 +1029,10 @@ def make_step(
       f"algo: minibatches={algo.minibatches} must divide the "
       f"{b} episodes of a step"
     )
-  on_batch = sharding.batch_constraint(mesh, b)
+  held = held_groups(filter_cfg, rollout_cfg, algo) * rollout_cfg.group_size
+  on_rollout = sharding.batch_constraint(mesh, b)
+  on_held = sharding.batch_constraint(mesh, held)
+  on_batch = lambda tree: on_held(on_rollout(tree))
   on_minibatch = sharding.batch_constraint(mesh, b // algo.minibatches)
 
   def step(state: TrainState, codec: Codec):
@@ -871,27 +1052,29 @@ def make_step(
       learner,
       state,
       p.batch,
-      p.selection.keep,
+      p.selection.row_keep,
       algo,
       rollout_cfg.temperature,
       codec.allowed,
       k_perm,
       on_minibatch,
+      episodes=b,
     )
     skipped = jnp.any(stats["skipped"])
     new_state = new_state.replace(
       step=state.step + 1,
       nonfinite=jnp.where(skipped, state.nonfinite + 1, 0),
     )
-    metrics = diagnostics.step_metrics(
-      p.traj,
-      p.scored,
-      p.selection,
-      p.batch,
-      stats,
-      rollout_cfg.group_size,
-      algo,
-    )
+    with jax.named_scope("metrics"):
+      metrics = diagnostics.step_metrics(
+        p.traj,
+        p.scored,
+        p.selection,
+        p.batch,
+        stats,
+        rollout_cfg.group_size,
+        algo,
+      )
     metrics["train/nonfinite_streak"] = new_state.nonfinite.astype(jnp.float32)
     if diag_cfg is not None:
       metrics.update(

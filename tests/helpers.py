@@ -11,9 +11,21 @@ from unittest import mock
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from reference import envs as ref
+
+
+def critic_with_opinions(state) -> None:
+  """Gives ``state``'s critic a random value head (it starts at zero, and
+  a critic of zeros checks nothing), in place."""
+  critic = nnx.to_pure_dict(state.critic)
+  rng = np.random.default_rng(0)
+  critic["value_w"] = jnp.asarray(rng.normal(0, 0.5, critic["value_w"].shape))
+  nnx.replace_by_pure_dict(state.critic, critic)
+
 
 # Traces per counted function name, for compile-once checks.
 TRACES: collections.Counter = collections.Counter()

@@ -18,7 +18,7 @@ from reference import advantages as ref
 from starpo_jax import advantages as adv_lib
 from starpo_jax import diagnostics, losses, train
 from starpo_jax import step as step_lib
-from tests.helpers import traced_at_most_once
+from tests.helpers import critic_with_opinions, traced_at_most_once
 
 
 def configure(c, **overrides):
@@ -76,14 +76,12 @@ class Real:
 
 @pytest.fixture(scope="module")
 def real() -> Real:
-  setup = train.build(sokoban_config())
+  # Both groups held, the dropped one masked: what the filter removes is
+  # still there to check (the compaction tests below compare the two).
+  setup = train.build(sokoban_config(**{"filter.capacity": 2}))
   learner = train.make_learner(setup)
   state = train.init_state(setup, learner)
-  # The value head starts at zero; give the critic opinions to check.
-  critic = nnx.to_pure_dict(state.critic)
-  rng = np.random.default_rng(0)
-  critic["value_w"] = jnp.asarray(rng.normal(0, 0.5, critic["value_w"].shape))
-  nnx.replace_by_pure_dict(state.critic, critic)
+  critic_with_opinions(state)
   k_roll, k_perm = step_lib.step_keys(state)
   prepared = jax.jit(
     lambda state, codec, key: step_lib.prepare(
@@ -108,7 +106,7 @@ def real() -> Real:
       setup.codec.allowed,
       key,
     )
-  )(state, prepared.batch, prepared.selection.keep, k_perm)
+  )(state, prepared.batch, prepared.selection.row_keep, k_perm)
   return Real(setup, learner, state, prepared, updated, jax.device_get(stats))
 
 
@@ -120,7 +118,7 @@ def _logprobs(model, tokens, positions, allowed):
 def test_the_first_minibatch_reproduces_the_sampling_logprobs(real):
   # Before any update the training forward must give back exactly what
   # the rollout sampled: ratio 1, no KL, nothing clipped.
-  b, mask = real.batch, np.asarray(real.prepared.scored.mask)
+  b, mask = real.batch, np.asarray(real.prepared.held.mask)
   logp, _ = _logprobs(
     real.policy(), b.tokens, b.positions, real.setup.codec.allowed
   )
@@ -191,7 +189,7 @@ def test_the_entropy_bonus_raises_entropy(real):
 def test_gae_on_a_real_rollout_matches_numpy(real):
   algo, b = real.setup.algo, real.batch
   assert algo.adv_estimator == "gae" and algo.uses_critic
-  rewards = np.asarray(real.prepared.scored.rewards)
+  rewards = np.asarray(real.prepared.held.rewards)
   values, mask = np.asarray(b.values), np.asarray(b.mask)
   assert np.abs(values[mask]).max() > 0  # the critic's own estimates
   raw = ref.gae(rewards, values, mask, algo.gamma, algo.lam)
@@ -203,7 +201,7 @@ def test_gae_on_a_real_rollout_matches_numpy(real):
 
 @pytest.mark.parametrize("name", ["gae", "bi_level_gae"])
 def test_estimators_with_discounts_on_a_real_rollout_match_numpy(real, name):
-  s = real.prepared.scored
+  s = real.prepared.held
   mask = np.asarray(real.batch.mask)
   turn_end = np.asarray(s.turn_end) & mask
   assert turn_end.sum() >= mask.any(axis=1).sum()  # a turn end per episode
@@ -512,7 +510,7 @@ def test_the_gradient_split_adds_up_to_the_objective_and_follows_the_filter(
     whole,
   )
   assert all(jax.tree.leaves(close))
-  scored = real.prepared.scored
+  scored = real.prepared.held
   group_std = np.asarray(scored.scores).reshape(2, 4).std(axis=1, ddof=1)
   m = jax.jit(
     lambda: step_lib.gradient_split(
@@ -520,6 +518,7 @@ def test_the_gradient_split_adds_up_to_the_objective_and_follows_the_filter(
       real.state,
       real.batch,
       jnp.asarray(group_std, jnp.float32),
+      4,
       algo,
       temp,
       allowed,

@@ -1,0 +1,286 @@
+"""The step trains only what the filter kept, at the length it needs:
+compaction (the kept groups gathered into a smaller batch) and length
+buckets give the same update as the masked, full-length step on the same
+rollout (Sokoban, tiny model, GAE with a critic)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import sokoban
+from starpo_jax import filtering, train
+from starpo_jax import step as step_lib
+from tests.helpers import critic_with_opinions
+
+GROUPS, GROUP_SIZE = 4, 2
+
+
+def config():
+  """Four groups of two; a minibatch is one group (four of them)."""
+  c = sokoban.get_config(None)
+  c.algo.adv_estimator = "gae"
+  c.algo.minibatches = 4
+  c.algo.length_buckets = 1
+  c.rollout.env_groups, c.rollout.group_size = GROUPS, GROUP_SIZE
+  c.rollout.max_turns = 3
+  c.rollout.max_actions_per_traj = 6
+  c.rollout.max_context = 384
+  c.train.eval_every = 0
+  return c
+
+
+@functools.cache
+def played():
+  """One rollout, and the state that played it (critic with opinions)."""
+  setup = train.build(config())
+  learner = train.make_learner(setup)
+  state = train.init_state(setup, learner)
+  critic_with_opinions(state)
+  k_roll, _ = step_lib.step_keys(state)
+  traj = jax.jit(
+    lambda state, codec, key: step_lib.collect(
+      learner, state, codec, setup.env, setup.rollout_cfg, key
+    )
+  )(state, setup.codec, k_roll)
+  # An untrained policy earns the same in every episode; these returns give
+  # the groups reward spreads 0, 1.41, 0.71 and 2.12.
+  returns = jnp.asarray([1, 1, 0, 2, 0.5, -0.5, 3, 0], jnp.float32)
+  return setup, learner, state, traj.replace(episode_return=returns)
+
+
+def train_on(filter_cfg, algo=None):
+  """The step after the rollout: prepare_batch and update, jitted."""
+  setup, learner, state, traj = played()
+  algo = algo or setup.algo
+  rcfg = setup.rollout_cfg
+
+  def fn(state, codec, traj, key):
+    p = step_lib.prepare_batch(
+      learner, state, codec, traj, rcfg, algo, filter_cfg
+    )
+    new, stats = step_lib.update(
+      learner,
+      state,
+      p.batch,
+      p.selection.row_keep,
+      algo,
+      rcfg.temperature,
+      codec.allowed,
+      key,
+      episodes=rcfg.batch,
+    )
+    return p, new, stats
+
+  _, k_perm = step_lib.step_keys(state)
+  return jax.device_get(jax.jit(fn)(state, setup.codec, traj, k_perm))
+
+
+def assert_same_update(got, want):
+  """Same parameters (policy and critic), and the same loss and gradient
+  norm in every minibatch that trained."""
+  (_, new, stats), (_, want_new, want_stats) = got, want
+  params = lambda s: jax.tree.leaves(
+    (nnx.to_pure_dict(s.policy), nnx.to_pure_dict(s.critic))
+  )
+  for a, b in zip(params(new), params(want_new), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  live = np.asarray(stats["live"]).ravel()
+  want_live = np.asarray(want_stats["live"]).ravel()
+  assert live.sum() == want_live.sum() > 0
+  for name in ("pg_loss", "grad_norm", "value_loss", "critic_grad_norm"):
+    if name not in want_stats:  # no critic
+      continue
+    np.testing.assert_allclose(
+      np.asarray(stats[name]).ravel()[live],
+      np.asarray(want_stats[name]).ravel()[want_live],
+      rtol=1e-5,
+      atol=1e-6,
+      err_msg=name,
+    )
+
+
+FILTERS = {
+  "top_k": dict(strategy="top_k", value=0.5),
+  "top_k_abs": dict(strategy="top_k_abs", value=1),
+  "top_p_linear": dict(strategy="top_p", value=0.5),
+  "top_p_softmax": dict(strategy="top_p", value=0.5, top_p_mode="softmax"),
+  "top_p_nonzero": dict(strategy="top_p", value=0.7, include_zero=False),
+  "min_p": dict(strategy="min_p", value=0.5, capacity=3),
+  "lowest_std": dict(strategy="top_k", value=0.5, largest=False),
+}
+
+
+@pytest.mark.parametrize("name", FILTERS)
+def test_the_compacted_step_equals_the_masked_step(name):
+  cfg = filtering.FilterConfig(**FILTERS[name])
+  masked = dataclasses.replace(cfg, capacity=GROUPS)
+  got, want = train_on(cfg), train_on(masked)
+  p, want_p = got[0], want[0]
+  held = filtering.capacity(cfg, GROUPS)
+  assert held < GROUPS
+  assert p.batch.tokens.shape[0] == held * GROUP_SIZE
+  assert want_p.batch.tokens.shape[0] == GROUPS * GROUP_SIZE
+  np.testing.assert_array_equal(
+    p.selection.keep_group, want_p.selection.keep_group
+  )
+  assert int(p.selection.over_capacity) == 0
+  # Each held row is its episode of the whole rollout.
+  rows = np.asarray(p.selection.rows)
+  np.testing.assert_array_equal(p.batch.tokens, want_p.batch.tokens[rows])
+  np.testing.assert_allclose(
+    p.batch.advantages, want_p.batch.advantages[rows], atol=1e-5
+  )
+  assert_same_update(got, want)
+
+
+def test_compacted_grpo_advantages_come_from_the_held_groups():
+  setup = played()[0]
+  grpo = dataclasses.replace(setup.algo, adv_estimator="grpo")
+  cfg = filtering.FilterConfig(strategy="top_k", value=0.5)
+  got = train_on(cfg, grpo)
+  want = train_on(dataclasses.replace(cfg, capacity=GROUPS), grpo)
+  rows = np.asarray(got[0].selection.rows)
+  np.testing.assert_allclose(
+    got[0].batch.advantages, want[0].batch.advantages[rows], atol=1e-5
+  )
+  assert np.abs(np.asarray(got[0].batch.advantages)).max() > 0.1
+  assert_same_update(got, want)
+
+
+def test_groups_beyond_the_capacity_are_dropped_least_preferred_first():
+  # min_p with value 0 keeps every group; a capacity of one holds the
+  # best: the same as keeping the top one.
+  over = filtering.FilterConfig(strategy="min_p", value=0.0, capacity=1)
+  top = filtering.FilterConfig(strategy="top_k_abs", value=1, capacity=GROUPS)
+  got, want = train_on(over), train_on(top)
+  assert int(got[0].selection.over_capacity) == GROUPS - 1
+  assert int(want[0].selection.over_capacity) == 0
+  np.testing.assert_array_equal(
+    got[0].selection.keep_group, want[0].selection.keep_group
+  )
+  assert got[0].selection.keep_group.sum() == 1
+  assert_same_update(got, want)
+
+
+def test_a_filter_that_keeps_everything_holds_every_group():
+  cfg = filtering.FilterConfig()
+  assert filtering.capacity(cfg, GROUPS) == GROUPS
+  p = train_on(cfg)[0]
+  np.testing.assert_array_equal(p.selection.rows, np.arange(8))
+
+
+@pytest.mark.parametrize(
+  "kwargs, groups, want",
+  [
+    (dict(strategy="top_k", value=0.25), 8, 2),
+    (dict(strategy="top_k", value=0.01), 8, 1),
+    (dict(strategy="top_k_abs", value=3), 8, 3),
+    (dict(strategy="top_k_abs", value=30), 8, 8),
+    (dict(strategy="top_p", value=0.9), 8, 8),
+    (dict(strategy="top_p", value=0.5), 8, 4),
+    (dict(strategy="top_p", value=0.3), 8, 3),
+    (dict(strategy="top_p", value=1.0), 8, 8),
+    (dict(strategy="min_p", value=0.5), 8, 8),
+    (dict(strategy="min_p", value=0.5, capacity=2), 8, 2),
+    (dict(strategy="top_k", value=0.25, capacity=20), 8, 8),
+  ],
+)
+def test_capacity(kwargs, groups, want):
+  assert filtering.capacity(filtering.FilterConfig(**kwargs), groups) == want
+
+
+def test_linear_top_p_never_keeps_more_than_its_capacity():
+  # The bound the capacity rests on: the top k of any scores hold at
+  # least k / n of their sum, so linear top_p stops by ceil(value * n).
+  rng = np.random.default_rng(0)
+  keep = jax.jit(filtering.keep_groups, static_argnums=1)
+  for _ in range(200):
+    n = int(rng.integers(1, 12))
+    scores = np.abs(rng.standard_cauchy(n)) * (rng.random(n) < 0.8)
+    value = float(rng.uniform(0.05, 0.99))
+    cfg = filtering.FilterConfig(strategy="top_p", value=value)
+    kept = keep(jnp.asarray(scores, jnp.float32), cfg)
+    assert int(kept.sum()) <= filtering.capacity(cfg, n), (scores, value)
+
+
+def test_capacity_rounds_up_to_whole_minibatches():
+  setup = played()[0]
+  # Minibatches of 4 episodes (two groups of two): 3 groups become 4.
+  algo = dataclasses.replace(setup.algo, minibatches=2)
+  cfg = filtering.FilterConfig(strategy="top_k_abs", value=3)
+  assert step_lib.held_groups(cfg, setup.rollout_cfg, algo) == 4
+  assert step_lib.held_groups(cfg, setup.rollout_cfg, setup.algo) == 3
+
+
+def test_bucket_lengths():
+  assert step_lib.bucket_lengths(768, 4) == (256, 384, 640, 768)
+  assert step_lib.bucket_lengths(320, 4) == (128, 256, 320)
+  assert step_lib.bucket_lengths(2048, 4) == (512, 1024, 1536, 2048)
+  assert step_lib.bucket_lengths(384, 1) == (384,)
+
+
+def test_the_bucketed_update_equals_the_full_length_one():
+  setup = played()[0]
+  cfg = filtering.FilterConfig(strategy="top_k", value=0.5)
+  bucketed = dataclasses.replace(setup.algo, length_buckets=3)
+  got, want = train_on(cfg, bucketed), train_on(cfg)
+  length = np.asarray(got[2]["length"]).ravel()[0]
+  assert length < setup.rollout_cfg.max_context  # a shorter bucket ran
+  assert np.asarray(want[2]["length"]).ravel()[0] == 384
+  assert_same_update(got, want)
+
+
+def test_batches_needing_other_buckets_reuse_one_compile():
+  setup, learner, state, traj = played()
+  cfg = filtering.FilterConfig(strategy="top_k", value=0.5)
+  algo = dataclasses.replace(setup.algo, length_buckets=3)
+  p = jax.jit(
+    lambda state, codec, traj: step_lib.prepare_batch(
+      learner, state, codec, traj, setup.rollout_cfg, algo, cfg
+    )
+  )(state, setup.codec, traj)
+
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def update(state, batch, keep, allowed, key):
+    return step_lib.update(
+      learner, state, batch, keep, algo, 1.0, allowed, key, episodes=8
+    )
+
+  key = jax.random.key(0)
+  keep = p.selection.row_keep
+  _, stats = update(state, p.batch, keep, setup.codec.allowed, key)
+  # The same batch with its tokens after position 100 untrained: it fits
+  # the shortest bucket.
+  short = p.batch.replace(mask=p.batch.mask & (p.batch.positions < 100))
+  got, short_stats = update(state, short, keep, setup.codec.allowed, key)
+  long_len = int(np.asarray(stats["length"]).ravel()[0])
+  short_len = int(np.asarray(short_stats["length"]).ravel()[0])
+  assert short_len == 128 < long_len
+  full = dataclasses.replace(algo, length_buckets=1)
+  want = jax.jit(
+    lambda state, batch, keep, allowed, key: step_lib.update(
+      learner, state, batch, keep, full, 1.0, allowed, key, episodes=8
+    )
+  )(state, short, keep, setup.codec.allowed, key)
+  for a, b in zip(
+    jax.tree.leaves(nnx.to_pure_dict(got.policy)),
+    jax.tree.leaves(nnx.to_pure_dict(want[0].policy)),
+    strict=True,
+  ):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_needed_length_holds_the_last_trained_token():
+  positions = jnp.asarray([[3, 4, 9], [5, 127, 128]])
+  mask = jnp.asarray([[True, True, True], [True, True, False]])
+  assert int(step_lib.needed_length(mask, positions)) == 128
+  assert int(step_lib.needed_length(jnp.ones((2, 3), bool), positions)) == 129
