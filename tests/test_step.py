@@ -546,3 +546,21 @@ def test_the_gradient_split_adds_up_to_the_objective_and_follows_the_filter(
   assert float(m[f"grads/std_q{kept_bucket}"]) == pytest.approx(
     group_std[kept], rel=1e-5
   )
+
+
+def test_turn_ends_are_each_replys_last_token_by_its_recorded_length(real):
+  # Independent of turn ids: an episode's generated tokens, in order, are
+  # its replies one after another, each as long as the rollout recorded.
+  traj = real.prepared.traj
+  got = np.asarray(step_lib.turn_ends(traj))
+  mask = np.asarray(traj.loss_mask)
+  lengths = np.asarray(traj.response_lengths)
+  played = np.asarray(traj.turn_played)
+  want = np.zeros_like(got)
+  for i in range(mask.shape[0]):
+    where = np.flatnonzero(mask[i])
+    replies = lengths[i][played[i] & (lengths[i] > 0)]
+    assert replies.sum() == len(where)
+    want[i, where[np.cumsum(replies) - 1]] = True
+  assert (want.sum(axis=1) >= 2).any()  # multi-turn episodes
+  np.testing.assert_array_equal(got, want)
