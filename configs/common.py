@@ -119,6 +119,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Start from the policy of another run's latest checkpoint (its workdir),
   # e.g. a warm start, instead of a fresh model; ignored when resuming.
   c.train.init_from = ""
+  # "START:STOP": a jax.profiler trace of those steps (as logged, STOP
+  # excluded) in workdir/profile; empty: none.
+  c.train.profile = ""
   # Early stopping rules (stopping.py), off by default:
   # --config.train.early_stop.enabled=True turns on all three.
   c.train.early_stop = _section(StopConfig)

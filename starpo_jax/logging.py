@@ -1,4 +1,5 @@
-"""Metric writers (TensorBoard, JSONL) and a one-line progress display."""
+"""Metric writers (TensorBoard, JSONL), a one-line progress display and
+the profiler trace of chosen steps."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+import jax
 from tensorboardX import SummaryWriter
 
 
@@ -93,3 +95,56 @@ class Progress:
   def close(self) -> None:
     if self.enabled and self.tty:
       print(file=sys.stderr)
+
+
+def profile_range(spec: str) -> tuple[int, int] | None:
+  """``"START:STOP"`` -> ``(START, STOP)``; ``""`` -> None.
+
+  Raises:
+    ValueError: naming ``train.profile`` unless ``1 <= START < STOP``.
+  """
+  if not spec:
+    return None
+  parts = spec.split(":")
+  try:
+    start, stop = (int(x) for x in parts)
+  except ValueError:
+    start = stop = 0
+  if len(parts) != 2 or not 1 <= start < stop:
+    raise ValueError(
+      f"train.profile={spec!r}: expected START:STOP, step numbers as "
+      "logged with 1 <= START < STOP (e.g. 5:8 traces steps 5, 6 and 7)"
+    )
+  return start, stop
+
+
+class Profile:
+  """A ``jax.profiler`` trace of the steps numbered ``START`` to
+  ``STOP - 1`` (as the log numbers them, warm-start steps included) in
+  ``workdir/profile``, for TensorBoard's profile plugin or Perfetto. The
+  step's phases appear under their names (``collect``, ``score``,
+  ``select``, ``advantages``, ``update``, ``metrics``)."""
+
+  def __init__(self, spec: str, workdir: str, enabled: bool = True) -> None:
+    self.range = profile_range(spec) if enabled else None
+    self.dir = os.path.join(workdir, "profile")
+    self.active = False
+
+  def before(self, step: int) -> None:
+    """Called before the step numbered ``step`` runs."""
+    if self.range and step == self.range[0]:
+      jax.profiler.start_trace(self.dir)
+      self.active = True
+
+  def after(self, step: int, outputs: Any) -> None:
+    """Called once the step numbered ``step`` was dispatched."""
+    if self.active and step >= self.range[1] - 1:
+      self.stop(outputs)
+
+  def stop(self, outputs: Any = None) -> None:
+    if not self.active:
+      return
+    jax.block_until_ready(outputs)
+    jax.profiler.stop_trace()
+    self.active = False
+    print(f"profile of steps {self.range[0]}-{self.range[1] - 1}: {self.dir}")

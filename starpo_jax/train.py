@@ -111,6 +111,10 @@ def build(
   diag_cfg = _dataclass_from(
     diagnostics.DiagnosticsConfig, config.diagnostics, "diagnostics"
   )
+  try:
+    log_lib.profile_range(config.train.get("profile", ""))
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
   if rcfg.batch % algo.minibatches:
     raise ConfigError(
       f"config.algo.minibatches={algo.minibatches} must divide the "
@@ -499,6 +503,7 @@ class _Run:
     )
     self.writer = log_lib.MetricWriter(workdir, enabled=self.primary)
     self.progress = log_lib.Progress(self.total, enabled=self.primary)
+    self.profile = log_lib.Profile(c.train.get("profile", ""), workdir)
     self.evaluator = make_evaluator(setup, learner) if self.every else None
     self.evals: dict[int, float] = {}
     if self.primary:
@@ -575,6 +580,7 @@ class _Run:
     )
 
   def close(self) -> None:
+    self.profile.stop()
     self.ckpt.wait()
     self.ckpt.close()
     self.writer.close()
@@ -693,8 +699,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     phase = "sft" if step < r.sft_steps else "rl"
     if phase not in compiled:
       compiled[phase] = compilers[phase](setup, state, learner)
+    r.profile.before(step + 1)
     state, metrics = compiled[phase](state, codec)
     step += 1
+    r.profile.after(step, metrics)
     if step == r.sft_steps:
       # RL starts from the warm-started policy with fresh optimizer moments.
       state = state.replace(

@@ -74,6 +74,9 @@ def test_wrongly_typed_config_value_is_rejected_by_name(tmp_path):
     ("rollout", "top_p", 1.5, "top_p"),
     ("model", "preset", "gpt-5", "preset"),
     ("model", "num_kv_heads", 3, "num_kv_heads"),
+    ("train", "profile", "5", "train.profile"),
+    ("train", "profile", "3:2", "train.profile"),
+    ("train", "profile", "0:2", "train.profile"),
   ],
 )
 def test_bad_values_fail_before_compiling_naming_the_setting(
@@ -123,6 +126,21 @@ def test_repeated_nonfinite_steps_stop_the_run_keeping_the_checkpoint(tmp_path):
   state = train.init_state(setup, train.make_learner(setup))
   initial = jax.tree.map(np.asarray, nnx.to_pure_dict(state.policy))
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, params, initial)))
+
+
+def test_a_profiled_run_writes_a_trace_of_the_chosen_steps(tmp_path, capsys):
+  c = bandit.get_config(None)
+  c.sft.steps = 0
+  c.rollout.env_groups, c.rollout.group_size = 2, 4
+  c.algo.minibatches = 2
+  c.train.eval_every = 0
+  c.train.steps = 3
+  c.train.profile = "2:3"
+  c.diagnostics.collapse_every = 0
+  train.run(c, str(tmp_path))
+  traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
+  assert len(traces) == 1 and traces[0].stat().st_size > 0
+  assert f"profile of steps 2-2: {tmp_path}" in capsys.readouterr().out
 
 
 def _comparable(records):
