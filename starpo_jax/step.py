@@ -921,7 +921,8 @@ def prepare_batch(
         lengths, needed_length(mask, scored.positions), fn, tokens
       )[0]
 
-  scored = score_rewards(traj, rollout_cfg, algo)
+  with jax.named_scope("score"):
+    scored = score_rewards(traj, rollout_cfg, algo)
   reward_needs_models = algo.uses_reference and algo.kl_in_reward
   if reward_needs_models:
     scored = by_models(traj.tokens, scored, scored.mask)
