@@ -174,9 +174,13 @@ def workload(
   tokenizer_dir: str,
   replies: str = "short",
   dtype: str = "float32",
+  algo: str = "grpo",
 ):
-  """The Sokoban training config both sides run (GRPO without KL: the
-  PyTorch baseline has no critic and no reference model).
+  """The Sokoban training config both sides run, with GRPO advantages and
+  no KL (the PyTorch baseline has no critic and no reference model):
+  ``algo="grpo"`` trains every group, ``"starpo_s"`` (the default
+  preset) the quarter of groups with the largest reward spread, which
+  each side slices out (the JAX step into its compacted batch).
 
   ``size``: ``"cpu"`` fits a 2-core CPU; ``"ragen"`` is RAGEN's Sokoban
   setting for pretrained models (128 episodes of 5 turns, 100 new tokens a
@@ -185,7 +189,8 @@ def workload(
   model's short answers for RAGEN's reply format: ``<think>`` and 100 new
   tokens a turn, on 32 episodes of 3 turns.
   """
-  c = sokoban.get_config(f"model={model},algo=grpo")
+  c = sokoban.get_config(f"model={model},algo={algo}")
+  c.algo.adv_estimator = "grpo"
   c.algo.kl_coef = 0.0
   c.train.eval_every = 0
   # What the PyTorch loop implements (and the README's tables measured):
@@ -237,6 +242,7 @@ class Pair:
     workdir: str,
     replies: str = "short",
     dtype: str = "float32",
+    algo: str = "grpo",
   ):
     from starpo_jax.models import tokenizer as tokenizer_lib
     from starpo_jax.text import prompt_pieces
@@ -257,8 +263,8 @@ class Pair:
       tokenizer_lib.build_compact(
         prompt_pieces(envs.make("sokoban").spec, settings)
       ).save(tok_dir)
-    self.replies = replies
-    self.config = workload(model, size, tok_dir, replies, dtype)
+    self.replies, self.algo = replies, algo
+    self.config = workload(model, size, tok_dir, replies, dtype, algo)
     self.setup = train.build(self.config)
     self.learner = train.make_learner(self.setup)
     self.policy_def = self.learner.policy_def
@@ -309,7 +315,9 @@ class Pair:
     return (
       f"{self.name} ({self.model_cfg.num_params() / 1e6:.1f}M, "
       f"{self.dtype}), {r.batch} episodes x {r.max_turns} turns x "
-      f"{r.max_new_tokens} tokens" + (" (think)" if r.enable_think else "")
+      f"{r.max_new_tokens} tokens"
+      + (" (think)" if r.enable_think else "")
+      + ("" if self.algo == "grpo" else f", {self.algo}")
     )
 
 
@@ -669,8 +677,13 @@ def run_side(args, side: str, workdir: str, peak) -> list[dict[str, Any]]:
     long_too = (
       suite == "rollout" and args.model == "tiny" and args.size == "cpu"
     )
-    for replies in ("short", "long") if long_too else ("short",):
-      pair = Pair(args.model, args.size, workdir, replies, args.dtype)
+    variants = [("short", "grpo")]
+    if long_too:
+      variants.append(("long", "grpo"))
+    if suite == "iteration":
+      variants.append(("short", "starpo_s"))
+    for replies, algo in variants:
+      pair = Pair(args.model, args.size, workdir, replies, args.dtype, algo)
       jax_fn, torch_fn = SIDES[suite]
       if side == "jax":
         pair.init_jax()

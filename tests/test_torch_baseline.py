@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from benchmarks import run
 from benchmarks.torch_baseline import starpo as tb
-from starpo_jax import advantages, losses
+from starpo_jax import advantages, filtering, losses
 from starpo_jax import step as step_lib
 
 
@@ -131,6 +131,36 @@ def test_grpo_advantages_agree_with_jax(scores, group_size):
   )[:, 0]
   got = tb.grpo_advantages(torch.as_tensor(s), groups)
   np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+  st.lists(
+    st.sampled_from([-1.2, -0.1, 0.0, 0.9, 10.9]), min_size=16, max_size=16
+  ),
+  st.sampled_from([(8, 2, 0.25), (4, 4, 0.5), (2, 8, 0.5), (8, 2, 0.6)]),
+)
+def test_the_baselines_filter_keeps_the_groups_starpo_s_keeps(scores, shape):
+  groups, size, fraction = shape
+  cfg = tb.Config(
+    env_groups=groups,
+    group_size=size,
+    max_turns=1,
+    max_new_tokens=1,
+    keep_fraction=fraction,
+  )
+  s = np.asarray(scores, np.float32)
+  batch = {"score": torch.as_tensor(s), "row": torch.arange(len(s))}
+  kept, count = tb.keep_groups(batch, cfg)
+  jax_cfg = filtering.FilterConfig(strategy="top_k", value=fraction)
+  std = filtering.group_scores(
+    "reward_std", jnp.asarray(s), jnp.zeros(16), jnp.zeros(16), groups
+  )
+  want = np.flatnonzero(
+    np.repeat(np.asarray(filtering.keep_groups(std, jax_cfg)), size)
+  )
+  assert count == len(want) // size
+  np.testing.assert_array_equal(kept["row"].numpy(), want)
 
 
 def test_static_cache_loop_generates_what_generate_does(pair):

@@ -73,6 +73,9 @@ class Config:
   b2: float = 0.999
   weight_decay: float = 0.0
   grad_clip: float = 1.0
+  # StarPO-S's filter (RAGEN V1): the fraction of groups with the largest
+  # in-group reward std that the update trains on; 1.0: every group.
+  keep_fraction: float = 1.0
 
   @property
   def batch(self) -> int:
@@ -82,6 +85,15 @@ class Config:
   def from_setup(cls, setup: Any) -> Config:
     """The settings of a ``starpo_jax.train.Setup``."""
     r, a, o = setup.rollout_cfg, setup.algo, setup.config.optim
+    f = setup.filter_cfg
+    if not f.keeps_everything and (
+      (f.metric, f.strategy, f.largest, f.include_zero, f.loss_scaling)
+      != ("reward_std", "top_k", True, True, "none")
+    ):
+      raise ValueError(
+        "the PyTorch baseline filters only as StarPO-S does: top_k of "
+        "groups by reward std, largest first"
+      )
     if a.adv_estimator != "grpo" or a.uses_reference or a.epochs != 1:
       raise ValueError(
         "the PyTorch baseline implements GRPO without KL, one epoch"
@@ -110,6 +122,7 @@ class Config:
       b2=o.b2,
       weight_decay=o.weight_decay,
       grad_clip=o.grad_clip,
+      keep_fraction=1.0 if f.keeps_everything else f.value,
     )
 
 
@@ -609,6 +622,22 @@ def minibatch_step(
   return float(loss.detach())
 
 
+def keep_groups(
+  batch: dict[str, torch.Tensor], cfg: Config
+) -> tuple[dict[str, torch.Tensor], int]:
+  """The episodes of the groups StarPO-S keeps (the top ``keep_fraction``
+  by in-group reward std, ties to the earlier group), and how many."""
+  if cfg.keep_fraction >= 1:
+    return batch, cfg.env_groups
+  k = min(max(int(cfg.keep_fraction * cfg.env_groups), 1), cfg.env_groups)
+  scores = batch["score"].reshape(cfg.env_groups, -1)
+  std = scores.std(1) if scores.shape[1] > 1 else torch.zeros(len(scores))
+  kept = torch.sort(torch.argsort(-std, stable=True)[:k]).values
+  rows = kept[:, None] * cfg.group_size + torch.arange(cfg.group_size)
+  rows = rows.reshape(-1)
+  return {name: v[rows] for name, v in batch.items()}, k
+
+
 def update(
   model: Any,
   opt: torch.optim.Optimizer,
@@ -617,13 +646,16 @@ def update(
   allowed: torch.Tensor | None,
   gen: torch.Generator,
 ) -> dict[str, float]:
-  """One epoch of shuffled minibatches of the clipped policy update."""
-  adv = grpo_advantages(batch["score"], cfg.env_groups)[:, None] * batch["mask"]
+  """One epoch of shuffled minibatches of the clipped policy update, on
+  the kept groups only (RAGEN slices them out): minibatches keep their
+  size (``batch / minibatches`` episodes), so fewer of them run."""
+  batch, groups = keep_groups(batch, cfg)
+  adv = grpo_advantages(batch["score"], groups)[:, None] * batch["mask"]
   b = adv.shape[0]
   order = torch.randperm(b, generator=gen)
-  mb = b // cfg.minibatches
+  mb = cfg.batch // cfg.minibatches
   losses = []
-  for k in range(cfg.minibatches):
+  for k in range(-(-b // mb)):
     idx = order[k * mb : (k + 1) * mb]
     pick = {name: v[idx] for name, v in batch.items()}
     pick["adv"] = adv[idx]
