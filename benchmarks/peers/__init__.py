@@ -1,0 +1,1 @@
+"""Peers run as their own docs run them, each in its own environment."""
