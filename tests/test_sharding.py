@@ -42,8 +42,11 @@ def runs():
 def test_metrics_match_one_device(runs, mesh):
   one, many = runs["(1, 1, 1)"], runs[mesh]
   assert one["metrics"].keys() == many["metrics"].keys()
-  # Sanity: the update did something, so agreement is not vacuous.
+  # Sanity: the update did something, so agreement is not vacuous; it
+  # trained the compacted half of the groups.
   assert one["metrics"]["train/grad_norm"] > 1e-3
+  assert one["metrics"]["filter/kept_ratio"] == 0.5
+  assert one["metrics"]["train/updates"] == 1
   for name, value in one["metrics"].items():
     if name.startswith("time/") or name.endswith("_per_s"):
       continue

@@ -27,10 +27,13 @@ def config():
   # measured before the update. (After one, meshes legitimately differ:
   # Adam's first step is +-lr on every coordinate, and the sign of a
   # gradient coordinate that is pure rounding noise depends on the
-  # reduction order.) The entropy bonus keeps the gradient real.
+  # reduction order.) The entropy bonus keeps the gradient real. Half the
+  # groups kept, gathered into a batch of one minibatch (8 of 16 episodes):
+  # the compacted batch and its reference scores are sharded too.
   c = bandit.get_config("algo=grpo")
   c.algo.entropy_coef = 0.05
-  c.algo.minibatches = 1
+  c.algo.minibatches = 2
+  c.filter.strategy, c.filter.value = "top_k", 0.5
   c.rollout.env_groups = 8
   c.rollout.group_size = 2
   c.model.num_layers = 1
