@@ -160,6 +160,28 @@ class Sokoban:
     return _board_text(mode, self.coord_text, self.grid_text)
 
 
+def play_answer(
+  env, actions: list[int], used: int, max_actions: int, format_penalty: float
+) -> tuple[float, bool, bool, int]:
+  """RAGEN's turn: an answer's actions (ids, -1 for a part naming none)
+  stepped in order while the episode lasts and actions remain; the format
+  penalty when no action, or not every part, was valid. Returns (reward,
+  whether no action was valid, whether the environment ended, actions
+  used so far)."""
+  reward, valid, env_done = 0.0, 0, False
+  for a in actions:
+    if a < 0 or env_done or used >= max_actions:
+      continue
+    result = env.step(a)
+    used += 1
+    valid += 1
+    reward += result.reward
+    env_done = result.terminated or result.truncated
+  if valid == 0 or valid < len(actions):
+    reward += format_penalty
+  return reward, valid == 0, env_done, used
+
+
 FROZEN_LAKE_MOVES = {0: (0, -1), 1: (1, 0), 2: (0, 1), 3: (-1, 0)}
 
 

@@ -7,6 +7,16 @@ from __future__ import annotations
 import re
 
 WHITESPACE = b" \t\n\r\x0b\x0c"
+# The tags and ChatML tokens that end an answer's content.
+MARKERS = (
+  b"<think>",
+  b"</think>",
+  b"<answer>",
+  b"</answer>",
+  b"<|im_start|>",
+  b"<|im_end|>",
+  b"<|endoftext|>",
+)
 
 
 def parse(

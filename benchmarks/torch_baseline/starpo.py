@@ -39,16 +39,6 @@ from reference import text as reference_text
 from starpo_jax import text
 from starpo_jax.models.tokenizer import Tokenizer
 
-MARKERS = (
-  b"<think>",
-  b"</think>",
-  b"<answer>",
-  b"</answer>",
-  b"<|im_start|>",
-  b"<|im_end|>",
-  b"<|endoftext|>",
-)
-
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -541,22 +531,18 @@ def rollout(
       _, actions = reference_text.parse(
         data,
         think=cfg.enable_think,
-        markers=MARKERS,
+        markers=reference_text.MARKERS,
         max_actions=cfg.max_actions_per_turn,
         action_names=("Up", "Down", "Left", "Right"),
       )
-      reward, valid, env_done = 0.0, 0, False
-      for a in actions:
-        if a < 0 or env_done or e.used >= cfg.max_actions_per_traj:
-          continue
-        result = e.env.step(a)
-        e.used += 1
-        valid += 1
-        reward += result.reward
-        env_done = result.terminated or result.truncated
-      if valid == 0 or valid < len(actions):
-        reward += cfg.format_penalty
-      e.reward, e.warn, e.ret = reward, valid == 0, e.ret + reward
+      reward, e.warn, env_done, e.used = ref.play_answer(
+        e.env,
+        actions,
+        e.used,
+        cfg.max_actions_per_traj,
+        cfg.format_penalty,
+      )
+      e.reward, e.ret = reward, e.ret + reward
       e.done = (
         env_done
         or e.used >= cfg.max_actions_per_traj
