@@ -2,7 +2,9 @@
 # Everything a lent GPU (one H200) is for, in one script: the tiny and the
 # Qwen2.5-0.5B rows of rollout, update and iteration at RAGEN's sizes
 # (bfloat16; JAX and PyTorch each in its own process), then the 2,000-step
-# learning run (benchmarks/gpu_learning.sh). Writes JSON to OUT.
+# learning run (benchmarks/gpu_learning.sh), and the Tunix side by side
+# (the peers suite) where TUNIX_WHEELS holds the wheels of
+# benchmarks/peers/tunix/requirements.txt. Writes JSON to OUT.
 #
 #   bash benchmarks/gpu_check.sh [OUT]
 #
@@ -33,5 +35,14 @@ for model in "${models[@]}"; do
     --model "$model" --size "$size" --json "$out/bench-$model.json"
   echo "gpu_check: $model rows done at $((SECONDS - start)) s"
 done
+if [ -n "${TUNIX_WHEELS:-}" ]; then
+  # Tunix in its own environment, on the image's CUDA jax where it can.
+  python -m venv --system-site-packages benchmarks/peers/tunix/.venv
+  benchmarks/peers/tunix/.venv/bin/pip install --no-index \
+    --find-links "$TUNIX_WHEELS" -r benchmarks/peers/tunix/requirements.txt
+  python -m benchmarks.run --suite peers --repeats 2 \
+    --size "${size/ragen/cpu}" --json "$out/bench-peers.json"
+  echo "gpu_check: Tunix rows done at $((SECONDS - start)) s"
+fi
 WHEELS='' bash benchmarks/gpu_learning.sh "$out/learning" "${learn[@]}"
 echo "gpu_check: $((SECONDS - start)) s in all; JSON in $out"

@@ -28,6 +28,8 @@ Suites:
              backward, AdamW) on a minibatch of the training shape.
   iteration  whole StarPO iterations/s (new levels, rollout, update)
              against ``benchmarks/torch_baseline``.
+  peers      the iteration beside Tunix's agentic GRPO learner, in Tunix's
+             own environment (``benchmarks/peers/tunix``; not in "all").
 
 For each JAX row also: compile time of the first call, peak resident host
 memory while the row ran, and the share of this machine's roofline reached
@@ -65,6 +67,8 @@ from starpo_jax import train
 from starpo_jax.models import hf, transformer
 
 SUITES = ("env", "rollout", "update", "iteration")
+# Asked for by name only (not in "all"): it needs Tunix's environment.
+PEER_SUITES = ("peers",)
 MODELS = ("tiny", "qwen2.5-0.5b")
 
 
@@ -243,7 +247,10 @@ class Pair:
     replies: str = "short",
     dtype: str = "float32",
     algo: str = "grpo",
+    overrides: dict[str, Any] | None = None,
   ):
+    """``overrides``: config settings by dotted name, set on the workload
+    (e.g. ``{"rollout.answer_vocab": False}``)."""
     from starpo_jax.models import tokenizer as tokenizer_lib
     from starpo_jax.text import prompt_pieces
 
@@ -265,6 +272,9 @@ class Pair:
       ).save(tok_dir)
     self.replies, self.algo = replies, algo
     self.config = workload(model, size, tok_dir, replies, dtype, algo)
+    for name, value in (overrides or {}).items():
+      section, key = name.split(".")
+      self.config[section][key] = value
     self.setup = train.build(self.config)
     self.learner = train.make_learner(self.setup)
     self.policy_def = self.learner.policy_def
@@ -718,8 +728,8 @@ HEADER = [
   "workload",
   "metric",
   "starpo-jax",
-  "PyTorch baseline",
-  "PyTorch",
+  "baseline",
+  "baseline value",
   "ratio",
   "JAX compile s",
   "JAX peak RSS GiB",
@@ -789,7 +799,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument(
     "--suite",
     default="all",
-    help=f"all, or a comma-separated list of {', '.join(SUITES)}",
+    help=f"all, or a comma-separated list of {', '.join(SUITES + PEER_SUITES)}",
   )
   parser.add_argument("--model", default="tiny", choices=MODELS)
   parser.add_argument("--size", default="cpu", choices=SIZES)
@@ -820,10 +830,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   if args.dtype is None:
     args.dtype = "bfloat16" if args.size == "ragen" else "float32"
   suites = SUITES if args.suite == "all" else tuple(args.suite.split(","))
-  unknown = sorted(set(suites) - set(SUITES))
+  unknown = sorted(set(suites) - set(SUITES) - set(PEER_SUITES))
   if unknown:
-    parser.error(f"unknown suite(s) {unknown}; expected {SUITES} or all")
-  args.suites = suites
+    parser.error(
+      f"unknown suite(s) {unknown}; expected {SUITES + PEER_SUITES} or all"
+    )
+  peers = "peers" in suites
+  args.suites = tuple(s for s in suites if s not in PEER_SUITES)
+  if peers and args.side is None:
+    from benchmarks.peers.tunix import check
+
+    if not os.path.exists(check.python()):
+      parser.error(
+        f"the peers suite needs Tunix's environment at {check.python()} "
+        "(benchmarks/peers/tunix/requirements.txt says how to make it, or "
+        "set TUNIX_PYTHON)"
+      )
   warnings.filterwarnings("ignore")
 
   if args.side == "jax":
@@ -854,37 +876,65 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
   start = time.perf_counter()
   print(f"machine: {common.machine()}", flush=True)
-  with tempfile.TemporaryDirectory() as workdir:
-    # JAX first: it writes the weights the PyTorch side loads.
-    jax_side = _child(args, "jax", workdir)
-    torch_side = _child(args, "torch", workdir)
-  peak = jax_side["peak"]
-  print(
-    f"measured peaks: {peak['matmul_flops'] / 1e9:.0f} GFLOP/s {args.dtype} "
-    f"matmul, {peak['bandwidth'] / 1e9:.1f} GB/s read",
-    flush=True,
-  )
-  rows = merge(jax_side["rows"], torch_side["rows"])
+  payload: dict[str, Any] = {"machine": common.machine(), "rows": []}
+  if args.suites:
+    with tempfile.TemporaryDirectory() as workdir:
+      # JAX first: it writes the weights the PyTorch side loads.
+      jax_side = _child(args, "jax", workdir)
+      torch_side = _child(args, "torch", workdir)
+    peak = jax_side["peak"]
+    print(
+      f"measured peaks: {peak['matmul_flops'] / 1e9:.0f} GFLOP/s "
+      f"{args.dtype} matmul, {peak['bandwidth'] / 1e9:.1f} GB/s read",
+      flush=True,
+    )
+    payload.update(
+      # Each framework ran in its own process (and neither in this one).
+      pids={
+        "jax": jax_side["pid"],
+        "torch": torch_side["pid"],
+        "parent": os.getpid(),
+      },
+      torch_threads=torch_side["torch_threads"],
+      torch_device=torch_side["torch_device"],
+      peak=peak,
+      rows=merge(jax_side["rows"], torch_side["rows"]),
+    )
+  if peers:
+    from benchmarks.peers.tunix import side_by_side
+
+    payload["peers"] = _peers(args)
+    payload["rows"] += side_by_side.rows(payload["peers"])
   total = time.perf_counter() - start
-  print(table(rows))
+  print(table(payload["rows"]))
   print(f"\ntotal {total:.0f} s")
-  payload = {
-    "machine": common.machine(),
-    # Each framework ran in its own process (and neither in this one).
-    "pids": {
-      "jax": jax_side["pid"],
-      "torch": torch_side["pid"],
-      "parent": os.getpid(),
-    },
-    "torch_threads": torch_side["torch_threads"],
-    "torch_device": torch_side["torch_device"],
-    "peak": peak,
-    "rows": rows,
-    "seconds": total,
-    "args": {k: v for k, v in vars(args).items() if k not in ("side",)},
-  }
+  payload["seconds"] = total
+  payload["args"] = {k: v for k, v in vars(args).items() if k != "side"}
   common.write_json(args.json, payload)
   return payload
+
+
+def _peers(args) -> dict[str, Any]:
+  """The Tunix side by side, in its own process (its JAX side writes the
+  checkpoint Tunix's process reads)."""
+  if args.model != "tiny":
+    raise SystemExit("the peers suite runs the tiny workload only")
+  with tempfile.TemporaryDirectory() as workdir:
+    out = os.path.join(workdir, "peers.json")
+    subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "benchmarks.peers.tunix.side_by_side",
+        f"--size={args.size}",
+        f"--repeats={args.repeats}",
+        f"--json={out}",
+      ],
+      check=True,
+      env=dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false"),
+    )
+    with open(out) as f:
+      return json.load(f)
 
 
 if __name__ == "__main__":
