@@ -932,6 +932,7 @@ def _peers(args) -> dict[str, Any]:
       ],
       check=True,
       env=dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false"),
+      stdout=subprocess.DEVNULL,  # its table; this process prints them all
     )
     with open(out) as f:
       return json.load(f)
