@@ -6,6 +6,12 @@ for a named TPU topology where the installed JAX can (it needs ``libtpu``),
 and prints per-device parameter, optimizer and activation memory. Nothing is
 allocated: parameters are abstract, so a 7B model checks on a laptop.
 
+It also prints, per phase of the step, the FLOPs and bytes of the compiled
+program with its loops counted as they run (``hlo_cost``; the decode loop
+at its ``max_new_tokens`` bound) and, for a TPU, a roofline lower bound of
+the step time at the chip's published peaks: an estimate, not a
+measurement.
+
   python -m starpo_jax.compile_check \\
     --config=configs/sokoban.py:model=qwen2.5-3b --mesh=2,4,1
   python -m starpo_jax.compile_check --config=configs/bandit.py \\
@@ -70,6 +76,29 @@ HBM = {
   "TPU v6e": 32 * GiB,
 }
 
+# Published peaks per chip, by device kind: dense bfloat16 FLOP/s and HBM
+# bytes/s (Google Cloud's TPU pages).
+PEAKS = {
+  "TPU v4": (275e12, 1228e9),
+  "TPU v5 lite": (197e12, 819e9),
+  "TPU v5e": (197e12, 819e9),
+  "TPU v5": (459e12, 2765e9),
+  "TPU v5p": (459e12, 2765e9),
+  "TPU v6 lite": (918e12, 1640e9),
+  "TPU v6e": (918e12, 1640e9),
+}
+# The step's named scopes, reported apart; "diagnostics" runs only every
+# few steps (counted apart from the step's bound).
+PHASES = (
+  "collect",
+  "score",
+  "select",
+  "advantages",
+  "update",
+  "metrics",
+  "diagnostics",
+)
+
 
 def _parse_mesh(text: str) -> tuple[int, ...]:
   try:
@@ -123,7 +152,7 @@ def check(config, shape: tuple[int, ...], devices) -> dict:
   """Compiles the step for one mesh; returns its per-device memory."""
   import jax
 
-  from starpo_jax import sharding, train
+  from starpo_jax import hlo_cost, sharding, train
   from starpo_jax.models import attention
 
   config = config.copy_and_resolve_references()
@@ -160,6 +189,17 @@ def check(config, shape: tuple[int, ...], devices) -> dict:
   )
   kind = devices[0].device_kind
   m = setup.model_cfg
+  r = setup.rollout_cfg
+  cost = hlo_cost.program_cost(
+    compiled.as_text(),
+    bounds={
+      "decode": r.max_new_tokens,
+      "kv_blocks": -(-r.max_context // attention.ATTENTION_BLOCK),
+    },
+    phases=PHASES,
+  )
+  per_step = [p for p in PHASES if p != "diagnostics"] + ["other"]
+  peaks = PEAKS.get(kind)
   return {
     "mesh": dict(zip(sharding.AXES, shape, strict=True)),
     "devices": math.prod(shape),
@@ -180,6 +220,22 @@ def check(config, shape: tuple[int, ...], devices) -> dict:
     "peak_bytes": peak,
     "hbm_bytes": HBM.get(kind),
     "code_bytes": field("generated_code_size_in_bytes"),
+    "phase_flops": cost.flops,
+    "phase_bytes": cost.bytes,
+    # XLA's own count, which takes each loop body once.
+    "xla_flops": float((compiled.cost_analysis() or {}).get("flops", 0.0)),
+    "unbounded_loops": sorted(set(cost.unbounded_loops)),
+    "opaque_calls": cost.opaque_calls,
+    "peak_flops": peaks[0] if peaks else None,
+    "peak_bandwidth": peaks[1] if peaks else None,
+    "roofline_s": (
+      hlo_cost.Cost(
+        {p: cost.flops.get(p, 0.0) for p in per_step},
+        {p: cost.bytes.get(p, 0.0) for p in per_step},
+      ).roofline_seconds(*peaks)
+      if peaks
+      else None
+    ),
   }
 
 
@@ -211,6 +267,36 @@ def report(r: dict) -> str:
   if r["hbm_bytes"]:
     fits = "fits" if r["peak_bytes"] <= r["hbm_bytes"] else "DOES NOT FIT"
     lines.append(f"    chip memory  {_size(r['hbm_bytes'])}: {fits}")
+  lines.append(
+    "  per device and step, loops counted as they run (decode at its bound):"
+  )
+  for phase in (*PHASES, "other"):
+    f, b = r["phase_flops"].get(phase, 0.0), r["phase_bytes"].get(phase, 0.0)
+    if f or b:
+      note = " (every collapse_every steps)" if phase == "diagnostics" else ""
+      lines.append(
+        f"    {phase:<12} {f / 1e9:12.2f} GFLOP {b / 1e9:10.2f} GB{note}"
+      )
+  lines.append(
+    f"    (XLA's cost_analysis, each loop body once: "
+    f"{r['xla_flops'] / 1e9:.2f} GFLOP)"
+  )
+  if r["unbounded_loops"]:
+    lines.append(
+      f"    counted once (no trip count, no bound): {len(r['unbounded_loops'])}"
+      " loops, e.g. " + r["unbounded_loops"][0]
+    )
+  if r["opaque_calls"]:
+    lines.append(
+      f"    {r['opaque_calls']} kernel calls whose FLOPs XLA cannot see "
+      "(their bytes are counted)"
+    )
+  if r["roofline_s"] is not None:
+    lines.append(
+      f"    roofline lower bound of the step (estimate): "
+      f"{r['roofline_s']:.3f} s at {r['peak_flops'] / 1e12:.0f} TFLOP/s, "
+      f"{r['peak_bandwidth'] / 1e9:.0f} GB/s a chip"
+    )
   return "\n".join(lines)
 
 

@@ -396,12 +396,14 @@ def _decode_token(
 def _decode(
   model: Policy, codec: Codec, cfg: RolloutConfig, turn: jax.Array, d: _Decode
 ) -> _Decode:
-  """Decodes until every sequence stopped or ``max_new_tokens``."""
-  return jax.lax.while_loop(
-    lambda d: (d.step < cfg.max_new_tokens) & jnp.any(d.live),
-    lambda d: _decode_token(model, codec, cfg, turn, d),
-    d,
-  )
+  """Decodes until every sequence stopped or ``max_new_tokens`` (the
+  loop's bound, named for ``hlo_cost``)."""
+  with jax.named_scope("decode"):
+    return jax.lax.while_loop(
+      lambda d: (d.step < cfg.max_new_tokens) & jnp.any(d.live),
+      lambda d: _decode_token(model, codec, cfg, turn, d),
+      d,
+    )
 
 
 def _act(

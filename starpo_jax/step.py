@@ -1078,9 +1078,10 @@ def make_step(
       )
     metrics["train/nonfinite_streak"] = new_state.nonfinite.astype(jnp.float32)
     if diag_cfg is not None:
-      metrics.update(
-        diagnose(learner, state, codec, p, rollout_cfg, algo, diag_cfg)
-      )
+      with jax.named_scope("diagnostics"):
+        metrics.update(
+          diagnose(learner, state, codec, p, rollout_cfg, algo, diag_cfg)
+        )
     return new_state, metrics
 
   return sharding.traced_for(mesh, step)

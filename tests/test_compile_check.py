@@ -46,6 +46,21 @@ def test_memory_falls_with_fsdp(tmp_path):
     assert 0.25 <= ratio < 0.27, (key, ratio)
   assert four["activation_bytes"] > 0
   assert one["attention"] == "blockwise"  # the CPU's kernel
+  # Loops counted as they run: the update (forward and backward) costs
+  # about three forward passes of the score phase over the same tokens,
+  # and XLA's own count (each loop body once) is far below the total.
+  flops = one["phase_flops"]
+  assert 2.5 < flops["update"] / flops["score"] < 3.6, flops
+  assert one["xla_flops"] < sum(flops.values()) / 2
+  # Four devices split the batch: each does less than half the work (not
+  # a quarter: some of it, e.g. over the vocabulary, is replicated).
+  for phase in ("score", "update"):
+    ratio = four["phase_flops"][phase] / flops[phase]
+    assert 0.2 < ratio < 0.5, (phase, ratio)
+  # Only the level generators' rejection loops have no bound.
+  assert all("generate" in n for n in one["unbounded_loops"]), one
+  assert one["roofline_s"] is None  # no published peak for a CPU
+  assert "roofline" not in out.stdout and "GFLOP" in out.stdout
 
 
 def test_mesh_flag_is_checked():
@@ -75,6 +90,11 @@ def test_step_compiles_for_a_tpu_topology(tmp_path):
   assert r["hbm_bytes"] == 16 * 1024**3
   assert 0 < r["param_bytes"] < r["peak_bytes"] < r["hbm_bytes"]
   assert "chip memory" in out.stdout and "fits" in out.stdout
+  # A roofline estimate at v5e's published peaks; splash's kernels hide
+  # their FLOPs and are counted as such.
+  assert (r["peak_flops"], r["peak_bandwidth"]) == (197e12, 819e9)
+  assert r["roofline_s"] > 0 and r["opaque_calls"] >= 2
+  assert "roofline lower bound" in out.stdout
 
 
 def test_unknown_topology_is_named():

@@ -379,7 +379,9 @@ def cached(
     jnp.zeros((b, kv, g, t), jnp.float32),
     jnp.zeros((b, kv, g, t, h), jnp.float32),
   )
-  _, _, total, acc = jax.lax.while_loop(lambda c: c[0] < blocks, body, init)
+  # At most ceil(size / blk) blocks (the bound ``hlo_cost`` is given).
+  with jax.named_scope("kv_blocks"):
+    _, _, total, acc = jax.lax.while_loop(lambda c: c[0] < blocks, body, init)
   out = acc / jnp.maximum(total, 1e-30)[..., None]  # [B, K, G, T, H]
   out = jnp.moveaxis(out, 3, 1).reshape(b, t, n, h)
   return out.astype(v.dtype)

@@ -1,0 +1,383 @@
+"""FLOPs and bytes of a compiled XLA program, with loops counted as they
+run, by phase: what ``compile_check`` turns into a roofline estimate.
+
+XLA's own ``cost_analysis()`` counts the body of a loop once, however many
+times it runs: for the StarPO step (a scan over turns, a decode loop over
+tokens, a scan over minibatches) it undercounts by orders of magnitude.
+This walks the optimized HLO text instead (``compiled.as_text()``):
+
+* FLOPs: a ``dot`` is ``2 * output elements * contracted size``; an
+  elementwise arithmetic op one per output element, a ``reduce`` one per
+  input element (XLA's own conventions). Inside a fusion they count as
+  the fusion's. A TPU kernel (``custom-call``, e.g. splash attention)
+  hides its FLOPs: those calls are counted in ``opaque_calls``.
+* Bytes: what each top-level instruction (a fusion, a copy, a dot, ...)
+  reads and writes at its boundary; tuples, parameters and bitcasts move
+  nothing.
+* Loops: a ``while`` multiplies its body by XLA's ``known_trip_count``;
+  one without (a data-dependent loop) by the bound given for the named
+  scope it runs in (``bounds``, e.g. ``{"decode": max_new_tokens}``), or
+  once, counted in ``unbounded_loops``. A ``conditional`` counts its most
+  expensive branch.
+* Phases: the first named scope under the jitted function in each
+  instruction's ``op_name`` (the step's ``collect``, ``score``,
+  ``update``, ...); anything else is ``"other"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Mapping
+
+_BYTES = {
+  "pred": 1,
+  "s4": 0.5,
+  "u4": 0.5,
+  "s8": 1,
+  "u8": 1,
+  "f8e4m3fn": 1,
+  "f8e5m2": 1,
+  "s16": 2,
+  "u16": 2,
+  "f16": 2,
+  "bf16": 2,
+  "s32": 4,
+  "u32": 4,
+  "f32": 4,
+  "s64": 8,
+  "u64": 8,
+  "f64": 8,
+  "c64": 8,
+  "c128": 16,
+}
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_NAME = re.compile(r"%[\w.\-]+")
+_ELEMENTWISE = frozenset(
+  [
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "maximum",
+    "minimum",
+    "negate",
+    "abs",
+    "exponential",
+    "exponential-minus-one",
+    "log",
+    "log-plus-one",
+    "tanh",
+    "logistic",
+    "sqrt",
+    "rsqrt",
+    "cbrt",
+    "power",
+    "remainder",
+    "sine",
+    "cosine",
+    "tan",
+    "atan2",
+    "erf",
+    "floor",
+    "ceil",
+    "round-nearest-even",
+    "round-nearest-afz",
+    "sign",
+  ]
+)
+# Instructions that move no data of their own.
+_FREE = frozenset(
+  [
+    "parameter",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "constant",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "opt-barrier",
+  ]
+)
+
+
+@dataclasses.dataclass
+class Instruction:
+  name: str
+  type: str  # the output type text, e.g. "f32[8,64]{1,0}" or a tuple
+  opcode: str
+  operands: list[str]
+  attributes: str
+  op_name: str
+
+
+@dataclasses.dataclass
+class Computation:
+  name: str
+  instructions: list[Instruction]
+  types: dict[str, str]  # every value's type: parameters and results
+
+
+@dataclasses.dataclass
+class Cost:
+  """A program's cost by phase, and what it could not count."""
+
+  flops: dict[str, float] = dataclasses.field(default_factory=dict)
+  bytes: dict[str, float] = dataclasses.field(default_factory=dict)
+  unbounded_loops: list[str] = dataclasses.field(default_factory=list)
+  opaque_calls: int = 0
+
+  def add(self, phase: str, flops: float, nbytes: float) -> None:
+    self.flops[phase] = self.flops.get(phase, 0.0) + flops
+    self.bytes[phase] = self.bytes.get(phase, 0.0) + nbytes
+
+  def merge(self, other: Cost, times: float) -> None:
+    for phase in set(other.flops) | set(other.bytes):
+      self.add(
+        phase,
+        other.flops.get(phase, 0.0) * times,
+        other.bytes.get(phase, 0.0) * times,
+      )
+    self.unbounded_loops += other.unbounded_loops
+    self.opaque_calls += other.opaque_calls
+
+  @property
+  def total_flops(self) -> float:
+    return sum(self.flops.values())
+
+  @property
+  def total_bytes(self) -> float:
+    return sum(self.bytes.values())
+
+  def roofline_seconds(self, flops_per_s: float, bytes_per_s: float) -> float:
+    """A lower bound of the time: each phase at least its FLOPs at the
+    peak FLOP rate, or its bytes at the peak bandwidth, whichever is
+    longer (a phase computes or moves data; it cannot beat both)."""
+    return sum(
+      max(
+        self.flops.get(p, 0.0) / flops_per_s,
+        self.bytes.get(p, 0.0) / bytes_per_s,
+      )
+      for p in set(self.flops) | set(self.bytes)
+    )
+
+
+def elements(type_text: str) -> int:
+  """Elements of every array in a type (a tuple's summed)."""
+  return sum(
+    math.prod(int(d) for d in dims.split(",") if d)
+    for _, dims in _ARRAY.findall(type_text)
+  )
+
+
+def size_bytes(type_text: str) -> float:
+  """Bytes of every array in a type (a tuple's summed)."""
+  return sum(
+    _BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+    for dtype, dims in _ARRAY.findall(type_text)
+  )
+
+
+def _dims(type_text: str) -> list[int]:
+  match = _ARRAY.search(type_text)
+  if match is None:
+    return []
+  return [int(d) for d in match.group(2).split(",") if d]
+
+
+def _matching(text: str, start: int) -> int:
+  """Index just past the bracket group opening at ``text[start]``."""
+  pairs = {"(": ")", "{": "}", "[": "]"}
+  depth, closing = 0, pairs[text[start]]
+  for i in range(start, len(text)):
+    if text[i] == text[start]:
+      depth += 1
+    elif text[i] == closing:
+      depth -= 1
+      if depth == 0:
+        return i + 1
+  raise ValueError(f"unbalanced HLO text: {text[start : start + 80]!r}")
+
+
+def _instruction(line: str) -> Instruction | None:
+  line = re.sub(r"/\*.*?\*/", "", line.strip())
+  if line.startswith("ROOT "):
+    line = line[5:]
+  if not line.startswith("%") or " = " not in line:
+    return None
+  name, rest = line.split(" = ", 1)
+  if rest.startswith("("):
+    end = _matching(rest, 0)
+    type_text, rest = rest[:end], rest[end:].lstrip()
+  else:
+    type_text, rest = rest.split(" ", 1)
+  opcode = rest[: rest.index("(")]
+  end = _matching(rest, len(opcode))
+  operands = _NAME.findall(rest[len(opcode) : end])
+  attributes = rest[end:]
+  op_name = re.search(r'op_name="([^"]*)"', attributes)
+  return Instruction(
+    name=name,
+    type=type_text,
+    opcode=opcode,
+    operands=operands,
+    attributes=attributes,
+    op_name=op_name.group(1) if op_name else "",
+  )
+
+
+def parse(text: str) -> tuple[dict[str, Computation], str]:
+  """The computations of an HLO module's text, and the entry's name."""
+  comps: dict[str, Computation] = {}
+  entry = ""
+  current: Computation | None = None
+  for raw in text.splitlines():
+    line = raw.strip()
+    header = re.match(r"(ENTRY )?(%[\w.\-]+) \(.*\) -> .*\{$", line)
+    if header and not raw.startswith(" "):
+      # Parameters are instructions of the body; the header needs no parse.
+      current = Computation(header.group(2), [], {})
+      comps[current.name] = current
+      if header.group(1):
+        entry = current.name
+      continue
+    if current is None:
+      continue
+    if line == "}":
+      current = None
+      continue
+    inst = _instruction(line)
+    if inst is not None:
+      current.instructions.append(inst)
+      current.types[inst.name] = inst.type
+  if not entry:
+    raise ValueError("no ENTRY computation in the HLO text")
+  return comps, entry
+
+
+def _phase(op_name: str, phases: tuple[str, ...] | None) -> str | None:
+  parts = op_name.split("/")
+  if len(parts) > 1 and parts[0].startswith("jit("):
+    first = parts[1]
+    if phases is None or first in phases:
+      return first
+  return None
+
+
+def _called(inst: Instruction, key: str) -> list[str]:
+  match = re.search(key + r"=\{?([^},]+(?:, *%[^},]+)*)\}?", inst.attributes)
+  return _NAME.findall(match.group(1)) if match else []
+
+
+def _trip(inst: Instruction, bounds: Mapping[str, int]) -> int | None:
+  match = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', inst.attributes)
+  if match:
+    return int(match.group(1))
+  scopes = inst.op_name.split("/")
+  for scope, bound in bounds.items():
+    if scope in scopes:
+      return bound
+  return None
+
+
+def _flops(inst: Instruction, comp: Computation) -> float:
+  if inst.opcode == "dot":
+    lhs = _dims(comp.types.get(inst.operands[0], ""))
+    contracting = re.search(
+      r"lhs_contracting_dims=\{([0-9,]*)\}", inst.attributes
+    )
+    size = 1
+    if contracting and lhs:
+      size = math.prod(
+        lhs[int(d)] for d in contracting.group(1).split(",") if d
+      )
+    return 2.0 * elements(inst.type) * size
+  if inst.opcode in _ELEMENTWISE:
+    return float(elements(inst.type))
+  if inst.opcode == "reduce":
+    return float(
+      sum(
+        elements(comp.types.get(o, ""))
+        for o in inst.operands[: len(inst.operands) // 2]
+      )
+    )
+  return 0.0
+
+
+class _Walker:
+  def __init__(self, comps, bounds, phases):
+    self.comps, self.bounds, self.phases = comps, bounds, phases
+    self._inner: dict[str, float] = {}
+
+  def inner_flops(self, name: str) -> float:
+    """FLOPs of a fused (or otherwise inlined) computation."""
+    if name not in self._inner:
+      comp = self.comps[name]
+      total = 0.0
+      for inst in comp.instructions:
+        total += _flops(inst, comp)
+        if inst.opcode == "fusion":
+          total += sum(self.inner_flops(c) for c in _called(inst, "calls"))
+      self._inner[name] = total
+    return self._inner[name]
+
+  def walk(self, name: str, phase: str) -> Cost:
+    comp = self.comps[name]
+    cost = Cost()
+    for inst in comp.instructions:
+      here = _phase(inst.op_name, self.phases) or phase
+      if inst.opcode == "while":
+        body = Cost()
+        for key in ("body", "condition"):
+          for c in _called(inst, key):
+            body.merge(self.walk(c, here), 1.0)
+        trips = _trip(inst, self.bounds)
+        if trips is None:
+          cost.unbounded_loops.append(inst.op_name or inst.name)
+          trips = 1
+        cost.merge(body, trips)
+      elif inst.opcode == "conditional":
+        branches = [
+          self.walk(c, here)
+          for key in (
+            "branch_computations",
+            "true_computation",
+            "false_computation",
+          )
+          for c in _called(inst, key)
+        ]
+        if branches:
+          cost.merge(max(branches, key=lambda b: b.total_flops), 1.0)
+      elif inst.opcode == "call":
+        for c in _called(inst, "to_apply"):
+          cost.merge(self.walk(c, here), 1.0)
+      elif inst.opcode not in _FREE:
+        flops = _flops(inst, comp)
+        if inst.opcode == "fusion":
+          flops += sum(self.inner_flops(c) for c in _called(inst, "calls"))
+        if inst.opcode == "custom-call":
+          cost.opaque_calls += 1
+        moved = size_bytes(inst.type) + sum(
+          size_bytes(comp.types.get(o, "")) for o in inst.operands
+        )
+        cost.add(here, flops, moved)
+    return cost
+
+
+def program_cost(
+  hlo_text: str,
+  bounds: Mapping[str, int] | None = None,
+  phases: tuple[str, ...] | None = None,
+) -> Cost:
+  """The cost of the program in ``hlo_text`` (see the module docstring);
+  ``phases``: the scope names reported apart (others are ``"other"``);
+  None: every first-level scope."""
+  comps, entry = parse(hlo_text)
+  return _Walker(comps, dict(bounds or {}), phases).walk(entry, "other")
+
+
+def to_json(cost: Cost) -> str:
+  return json.dumps(dataclasses.asdict(cost))

@@ -1,0 +1,102 @@
+"""The compiled program's cost with loops counted as they run, against
+counts by hand (2*m*n*k a matmul) and against XLA's own count where the
+program has no loop."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from starpo_jax import hlo_cost
+
+B, D = 8, 64
+MATMUL = 2 * B * D * D  # one [B, D] @ [D, D]
+
+
+def cost_of(fn, *args, **kwargs) -> hlo_cost.Cost:
+  compiled = jax.jit(fn).lower(*args).compile()
+  return hlo_cost.program_cost(compiled.as_text(), **kwargs)
+
+
+def loops(x, w):
+  def body(c, _):
+    return c @ w, None
+
+  c, _ = jax.lax.scan(body, x, None, length=7)
+  return jax.lax.fori_loop(0, 5, lambda i, c: c @ w, c)
+
+
+def test_loops_count_every_trip_where_xla_counts_one():
+  x, w = jnp.ones((B, D)), jnp.ones((D, D))
+  cost = cost_of(loops, x, w)
+  assert cost.total_flops == pytest.approx(12 * MATMUL, rel=0.01)
+  assert not cost.unbounded_loops
+  xla = jax.jit(loops).lower(x, w).compile().cost_analysis()["flops"]
+  assert xla < 3 * MATMUL  # each body once: why this module exists
+
+
+def test_phases_are_the_named_scopes():
+  def fn(x, w, v):
+    with jax.named_scope("alpha"):
+      a = x @ w
+    with jax.named_scope("beta"):
+      b = jax.lax.scan(lambda c, _: (c @ v, None), a, None, length=3)[0]
+    return b
+
+  x, w, v = jnp.ones((B, D)), jnp.ones((D, 2 * D)), jnp.ones((2 * D, 2 * D))
+  cost = cost_of(fn, x, w, v, phases=("alpha", "beta"))
+  assert cost.flops["alpha"] == pytest.approx(2 * B * D * 2 * D, rel=0.01)
+  assert cost.flops["beta"] == pytest.approx(3 * 2 * B * (2 * D) ** 2, rel=0.01)
+
+
+def data_dependent(x, w):
+  with jax.named_scope("decode"):
+    return jax.lax.while_loop(
+      lambda c: jnp.sum(c[0]) < 1e30, lambda c: (c[0] @ w, c[1] + 1), (x, 0)
+    )[0]
+
+
+def test_a_loop_without_trip_count_takes_its_scopes_bound():
+  x, w = jnp.ones((B, D)), jnp.ones((D, D))
+  bounded = cost_of(data_dependent, x, w, bounds={"decode": 9})
+  assert bounded.total_flops == pytest.approx(9 * MATMUL, rel=0.05)
+  assert not bounded.unbounded_loops
+  unbounded = cost_of(data_dependent, x, w)
+  assert unbounded.total_flops == pytest.approx(MATMUL, rel=0.05)
+  assert len(unbounded.unbounded_loops) == 1
+  assert "decode" in unbounded.unbounded_loops[0]
+
+
+def test_a_conditional_counts_its_dearer_branch():
+  def fn(p, x, w):
+    return jax.lax.cond(p, lambda: (x @ w) @ w, lambda: x)
+
+  x, w = jnp.ones((B, D)), jnp.ones((D, D))
+  cost = cost_of(fn, jnp.array(True), x, w)
+  assert cost.total_flops == pytest.approx(2 * MATMUL, rel=0.05)
+
+
+def test_bytes_and_flops_match_xla_without_loops():
+  def fn(x, w):
+    return jnp.tanh(x @ w) * 2.0 + 1.0
+
+  x, w = jnp.ones((64, 256)), jnp.ones((256, 128))
+  compiled = jax.jit(fn).lower(x, w).compile()
+  xla = compiled.cost_analysis()
+  cost = hlo_cost.program_cost(compiled.as_text())
+  assert cost.total_flops == pytest.approx(xla["flops"], rel=0.01)
+  assert cost.total_bytes == pytest.approx(xla["bytes accessed"], rel=0.01)
+
+
+def test_roofline_takes_each_phases_slower_limit():
+  cost = hlo_cost.Cost(
+    flops={"a": 10.0, "b": 1.0}, bytes={"a": 1.0, "b": 100.0}
+  )
+  # a: compute-bound (10 / 10), b: memory-bound (100 / 50).
+  assert cost.roofline_seconds(10.0, 50.0) == pytest.approx(1.0 + 2.0)
+
+
+def test_sizes_of_types():
+  assert hlo_cost.elements("(f32[2,3]{1,0}, s32[])") == 7
+  assert hlo_cost.size_bytes("(bf16[4,8]{1,0}, pred[3])") == 4 * 8 * 2 + 3
