@@ -13,7 +13,8 @@ This walks the optimized HLO text instead (``compiled.as_text()``):
   hides its FLOPs: those calls are counted in ``opaque_calls``.
 * Bytes: what each top-level instruction (a fusion, a copy, a dot, ...)
   reads and writes at its boundary; tuples, parameters and bitcasts move
-  nothing.
+  nothing; an operand only sliced reads the slice, an update in place
+  writes the update (XLA's conventions).
 * Loops: a ``while`` multiplies its body by XLA's ``known_trip_count``;
   one without (a data-dependent loop) by the bound given for the named
   scope it runs in (``bounds``, e.g. ``{"decode": max_new_tokens}``), or
@@ -88,6 +89,8 @@ _ELEMENTWISE = frozenset(
     "sign",
   ]
 )
+# Instructions that read only part of their first operand.
+_SLICING = frozenset(["dynamic-slice", "slice", "gather"])
 # Instructions that move no data of their own.
 _FREE = frozenset(
   [
@@ -110,6 +113,7 @@ class Instruction:
   type: str  # the output type text, e.g. "f32[8,64]{1,0}" or a tuple
   opcode: str
   operands: list[str]
+  args: str  # the text between the opcode's parentheses
   attributes: str
   op_name: str
 
@@ -119,6 +123,9 @@ class Computation:
   name: str
   instructions: list[Instruction]
   types: dict[str, str]  # every value's type: parameters and results
+  by_name: dict[str, Instruction] = dataclasses.field(default_factory=dict)
+  users: dict[str, list[Instruction]] = dataclasses.field(default_factory=dict)
+  root: Instruction | None = None
 
 
 @dataclasses.dataclass
@@ -202,9 +209,11 @@ def _matching(text: str, start: int) -> int:
   raise ValueError(f"unbalanced HLO text: {text[start : start + 80]!r}")
 
 
-def _instruction(line: str) -> Instruction | None:
+def _instruction(line: str) -> tuple[Instruction, bool] | None:
+  """The instruction on a line, and whether it is its computation's root."""
   line = re.sub(r"/\*.*?\*/", "", line.strip())
-  if line.startswith("ROOT "):
+  root = line.startswith("ROOT ")
+  if root:
     line = line[5:]
   if not line.startswith("%") or " = " not in line:
     return None
@@ -216,17 +225,19 @@ def _instruction(line: str) -> Instruction | None:
     type_text, rest = rest.split(" ", 1)
   opcode = rest[: rest.index("(")]
   end = _matching(rest, len(opcode))
-  operands = _NAME.findall(rest[len(opcode) : end])
+  args = rest[len(opcode) + 1 : end - 1]
   attributes = rest[end:]
   op_name = re.search(r'op_name="([^"]*)"', attributes)
-  return Instruction(
+  inst = Instruction(
     name=name,
     type=type_text,
     opcode=opcode,
-    operands=operands,
+    operands=_NAME.findall(args),
+    args=args,
     attributes=attributes,
     op_name=op_name.group(1) if op_name else "",
   )
+  return inst, root
 
 
 def parse(text: str) -> tuple[dict[str, Computation], str]:
@@ -249,10 +260,16 @@ def parse(text: str) -> tuple[dict[str, Computation], str]:
     if line == "}":
       current = None
       continue
-    inst = _instruction(line)
-    if inst is not None:
+    parsed = _instruction(line)
+    if parsed is not None:
+      inst, root = parsed
       current.instructions.append(inst)
       current.types[inst.name] = inst.type
+      current.by_name[inst.name] = inst
+      for operand in inst.operands:
+        current.users.setdefault(operand, []).append(inst)
+      if root:
+        current.root = inst
   if not entry:
     raise ValueError("no ENTRY computation in the HLO text")
   return comps, entry
@@ -324,6 +341,61 @@ class _Walker:
       self._inner[name] = total
     return self._inner[name]
 
+  def moved(self, inst: Instruction, comp: Computation) -> float:
+    """Bytes an instruction reads and writes. An update in place (a
+    ``dynamic-update-slice``, alone or at a fusion's root) reads its other
+    operands and writes the slice, not the buffer it lands in (as XLA
+    counts it)."""
+    sizes = [size_bytes(comp.types.get(o, "")) for o in inst.operands]
+    if inst.opcode in _SLICING:
+      sizes[0] = size_bytes(inst.type)
+    elif inst.opcode == "fusion":
+      for k, read in self._sliced_reads(inst).items():
+        if k < len(sizes):
+          sizes[k] = min(sizes[k], read)
+    in_place = self._in_place(inst, comp)
+    if in_place is None:
+      return size_bytes(inst.type) + sum(sizes)
+    buffer, written = in_place
+    return sum(sizes) - sizes[buffer] + written
+
+  def _sliced_reads(self, inst: Instruction) -> dict[int, float]:
+    """A fusion's operands that it only slices: operand index -> the
+    bytes its slices read."""
+    called = _called(inst, "calls")
+    if len(called) != 1:
+      return {}
+    fused = self.comps[called[0]]
+    out = {}
+    for p in fused.instructions:
+      if p.opcode != "parameter":
+        continue
+      users = fused.users.get(p.name, [])
+      if users and all(
+        u.opcode in _SLICING and u.operands[0] == p.name for u in users
+      ):
+        out[int(p.args)] = sum(size_bytes(u.type) for u in users)
+    return out
+
+  def _in_place(
+    self, inst: Instruction, comp: Computation
+  ) -> tuple[int, float] | None:
+    """(the operand an in-place update writes into, the bytes it
+    writes), or None when ``inst`` is no such update."""
+    if inst.opcode == "dynamic-update-slice":
+      return 0, size_bytes(comp.types.get(inst.operands[1], ""))
+    called = _called(inst, "calls") if inst.opcode == "fusion" else []
+    if len(called) != 1:
+      return None
+    fused = self.comps[called[0]]
+    root = fused.root
+    if root is None or root.opcode != "dynamic-update-slice":
+      return None
+    target = fused.by_name.get(root.operands[0])
+    if target is None or target.opcode != "parameter":
+      return None
+    return int(target.args), size_bytes(fused.types.get(root.operands[1], ""))
+
   def walk(self, name: str, phase: str) -> Cost:
     comp = self.comps[name]
     cost = Cost()
@@ -360,10 +432,7 @@ class _Walker:
           flops += sum(self.inner_flops(c) for c in _called(inst, "calls"))
         if inst.opcode == "custom-call":
           cost.opaque_calls += 1
-        moved = size_bytes(inst.type) + sum(
-          size_bytes(comp.types.get(o, "")) for o in inst.operands
-        )
-        cost.add(here, flops, moved)
+        cost.add(here, flops, self.moved(inst, comp))
     return cost
 
 

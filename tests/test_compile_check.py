@@ -59,6 +59,7 @@ def test_memory_falls_with_fsdp(tmp_path):
     assert 0.2 < ratio < 0.5, (phase, ratio)
   # Only the level generators' rejection loops have no bound.
   assert all("generate" in n for n in one["unbounded_loops"]), one
+  assert one["blind_loops"] == []
   assert one["roofline_s"] is None  # no published peak for a CPU
   assert "roofline" not in out.stdout and "GFLOP" in out.stdout
 
@@ -90,11 +91,15 @@ def test_step_compiles_for_a_tpu_topology(tmp_path):
   assert r["hbm_bytes"] == 16 * 1024**3
   assert 0 < r["param_bytes"] < r["peak_bytes"] < r["hbm_bytes"]
   assert "chip memory" in out.stdout and "fits" in out.stdout
-  # A roofline estimate at v5e's published peaks; splash's kernels hide
-  # their FLOPs and are counted as such.
-  assert (r["peak_flops"], r["peak_bandwidth"]) == (197e12, 819e9)
-  assert r["roofline_s"] > 0 and r["opaque_calls"] >= 2
-  assert "roofline lower bound" in out.stdout
+  # Splash's kernels hide their FLOPs and are counted as such. XLA leaves
+  # loops of the TPU program without a trip count: then no roofline
+  # estimate is given, and the report says why.
+  assert r["opaque_calls"] >= 2
+  if r["blind_loops"]:
+    assert r["roofline_s"] is None and "no roofline estimate" in out.stdout
+  else:
+    assert (r["peak_flops"], r["peak_bandwidth"]) == (197e12, 819e9)
+    assert r["roofline_s"] > 0 and "roofline lower bound" in out.stdout
 
 
 def test_unknown_topology_is_named():

@@ -100,3 +100,27 @@ def test_roofline_takes_each_phases_slower_limit():
 def test_sizes_of_types():
   assert hlo_cost.elements("(f32[2,3]{1,0}, s32[])") == 7
   assert hlo_cost.size_bytes("(bf16[4,8]{1,0}, pred[3])") == 4 * 8 * 2 + 3
+
+
+def test_an_update_in_place_moves_the_slice_not_the_buffer():
+  def fn(buf, u, i):
+    return jax.lax.dynamic_update_slice(buf, u * 2.0, (i, 0))
+
+  buf, u = jnp.ones((1024, 1024)), jnp.ones((1, 1024))
+  compiled = jax.jit(fn, donate_argnums=0).lower(buf, u, 3).compile()
+  cost = hlo_cost.program_cost(compiled.as_text())
+  # Reads the row and the index, writes the row (XLA's count too).
+  assert cost.total_bytes == 4 * 1024 + 4 + 4 * 1024
+  assert cost.total_bytes == compiled.cost_analysis()["bytes accessed"]
+
+
+def test_a_sliced_operand_reads_the_slice():
+  def fn(buf, i):
+    return jax.lax.dynamic_slice(buf, (i, 0), (2, 1024)) * 3.0
+
+  buf = jnp.ones((1024, 1024))
+  compiled = jax.jit(fn).lower(buf, 5).compile()
+  cost = hlo_cost.program_cost(compiled.as_text())
+  # Reads two rows and the index, writes two rows.
+  assert cost.total_bytes == 4 * 2 * 1024 * 2 + 4
+  assert cost.total_bytes == compiled.cost_analysis()["bytes accessed"]
