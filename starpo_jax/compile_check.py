@@ -152,7 +152,7 @@ def check(config, shape: tuple[int, ...], devices) -> dict:
   """Compiles the step for one mesh; returns its per-device memory."""
   import jax
 
-  from starpo_jax import hlo_cost, sharding, train
+  from starpo_jax import sharding, train
   from starpo_jax.models import attention
 
   config = config.copy_and_resolve_references()
@@ -189,21 +189,6 @@ def check(config, shape: tuple[int, ...], devices) -> dict:
   )
   kind = devices[0].device_kind
   m = setup.model_cfg
-  r = setup.rollout_cfg
-  cost = hlo_cost.program_cost(
-    compiled.as_text(),
-    bounds={
-      "decode": r.max_new_tokens,
-      "kv_blocks": -(-r.max_context // attention.ATTENTION_BLOCK),
-    },
-    phases=PHASES,
-  )
-  per_step = [p for p in PHASES if p != "diagnostics"] + ["other"]
-  # Loops counted once that are not the level generators' rejection loops
-  # (cheap, and data-dependent by nature): the count would be too low to
-  # bound anything (XLA leaves some loops without a trip count on TPU).
-  blind = sorted({n for n in cost.unbounded_loops if "(generate)" not in n})
-  peaks = PEAKS.get(kind) if not blind else None
   return {
     "mesh": dict(zip(sharding.AXES, shape, strict=True)),
     "devices": math.prod(shape),
@@ -224,6 +209,32 @@ def check(config, shape: tuple[int, ...], devices) -> dict:
     "peak_bytes": peak,
     "hbm_bytes": HBM.get(kind),
     "code_bytes": field("generated_code_size_in_bytes"),
+    **_work(compiled, setup.rollout_cfg, kind),
+  }
+
+
+def _work(compiled, rollout_cfg, kind: str) -> dict:
+  """The compiled step's FLOPs and bytes per phase (``hlo_cost``), XLA's
+  own count, and the roofline bound at ``kind``'s published peaks where
+  every loop of the step could be counted."""
+  from starpo_jax import hlo_cost
+  from starpo_jax.models import attention
+
+  cost = hlo_cost.program_cost(
+    compiled.as_text(),
+    bounds={
+      "decode": rollout_cfg.max_new_tokens,
+      "kv_blocks": -(-rollout_cfg.max_context // attention.ATTENTION_BLOCK),
+    },
+    phases=PHASES,
+  )
+  per_step = [p for p in PHASES if p != "diagnostics"] + ["other"]
+  # Loops counted once that are not the level generators' rejection loops
+  # (cheap, and data-dependent by nature): the count would be too low to
+  # bound anything (XLA leaves some loops without a trip count on TPU).
+  blind = sorted({n for n in cost.unbounded_loops if "(generate)" not in n})
+  peaks = PEAKS.get(kind) if not blind else None
+  return {
     "phase_flops": cost.flops,
     "phase_bytes": cost.bytes,
     # XLA's own count, which takes each loop body once.
