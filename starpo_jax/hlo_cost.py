@@ -15,10 +15,12 @@ This walks the optimized HLO text instead (``compiled.as_text()``):
   reads and writes at its boundary; tuples, parameters and bitcasts move
   nothing; an operand only sliced reads the slice, an update in place
   writes the update (XLA's conventions).
-* Loops: a ``while`` multiplies its body by XLA's ``known_trip_count``;
-  one without (a data-dependent loop) by the bound given for the named
-  scope it runs in (``bounds``, e.g. ``{"decode": max_new_tokens}``), or
-  once, counted in ``unbounded_loops``. A ``conditional`` counts its most
+* Loops: a ``while`` multiplies its body by XLA's ``known_trip_count``,
+  or, where XLA left none (its TPU programs), by the count of a counted
+  loop read off its condition and body; one without (a data-dependent
+  loop) by the bound given for the named scope it runs in (``bounds``,
+  e.g. ``{"decode": max_new_tokens}``), or once, counted in
+  ``unbounded_loops``. A ``conditional`` counts its most
   expensive branch.
 * Phases: the first named scope under the jitted function in each
   instruction's ``op_name`` (the step's ``collect``, ``score``,
@@ -289,15 +291,111 @@ def _called(inst: Instruction, key: str) -> list[str]:
   return _NAME.findall(match.group(1)) if match else []
 
 
-def _trip(inst: Instruction, bounds: Mapping[str, int]) -> int | None:
+def _trip(
+  inst: Instruction,
+  comp: Computation,
+  comps: Mapping[str, Computation],
+  bounds: Mapping[str, int],
+) -> int | None:
+  """How many times a ``while`` runs: XLA's ``known_trip_count``, else
+  a counted loop read off its condition and body, else its named scope's
+  bound."""
   match = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', inst.attributes)
   if match:
     return int(match.group(1))
+  counted = _counted(inst, comp, comps)
+  if counted is not None:
+    return counted
   scopes = inst.op_name.split("/")
   for scope, bound in bounds.items():
     if scope in scopes:
       return bound
   return None
+
+
+def _op(
+  inst: Instruction | None, comp: Computation, comps: Mapping[str, Computation]
+) -> tuple[str, list[Instruction | None], str]:
+  """(opcode, operand instructions, attributes) of ``inst``, seen through
+  a fusion that wraps a single operation of its parameters (how XLA's
+  CPU programs hold a loop's compare and increment)."""
+  if inst is None:
+    return "", [], ""
+  called = _called(inst, "calls") if inst.opcode == "fusion" else []
+  if len(called) == 1 and comps[called[0]].root is not None:
+    fused = comps[called[0]]
+    params = [fused.by_name.get(o) for o in fused.root.operands]
+    if params and all(
+      p is not None and p.opcode == "parameter" for p in params
+    ):
+      outer = [comp.by_name.get(inst.operands[int(p.args)]) for p in params]
+      return fused.root.opcode, outer, fused.root.attributes
+  return (
+    inst.opcode,
+    [comp.by_name.get(o) for o in inst.operands],
+    inst.attributes,
+  )
+
+
+def _element(inst: Instruction | None) -> int | None:
+  """The tuple index ``inst`` reads, if it is a ``get-tuple-element``."""
+  if inst is None or inst.opcode != "get-tuple-element":
+    return None
+  match = re.search(r"index=(\d+)", inst.attributes)
+  return int(match.group(1)) if match else None
+
+
+def _constant(
+  inst: Instruction | None, comp: Computation | None = None
+) -> int | None:
+  """The integer ``inst`` holds if it is a constant (through copies)."""
+  while inst is not None and comp is not None and inst.opcode == "copy":
+    inst = comp.by_name.get(inst.operands[0])
+  if inst is None or inst.opcode != "constant":
+    return None
+  try:
+    return int(inst.args)
+  except ValueError:
+    return None
+
+
+def _counted(
+  inst: Instruction, comp: Computation, comps: Mapping[str, Computation]
+) -> int | None:
+  """The trip count of a counted loop (XLA's TPU programs leave them
+  unannotated): the condition is ``element k < N``, element k starts at a
+  constant and the body adds 1 to it. None for any other loop."""
+  cond = [comps[c] for c in _called(inst, "condition")]
+  body = [comps[c] for c in _called(inst, "body")]
+  if len(cond) != 1 or len(body) != 1:
+    return None
+  opcode, (counter, limit), attributes = _pair(cond[0].root, cond[0], comps)
+  if opcode != "compare" or "direction=LT" not in attributes:
+    return None
+  k, n = _element(counter), _constant(limit)
+  init = comp.by_name.get(inst.operands[0]) if inst.operands else None
+  if k is None or n is None or init is None or init.opcode != "tuple":
+    return None
+  start = _constant(comp.by_name.get(init.operands[k]), comp)
+  out = body[0].root
+  if start is None or out is None or out.opcode != "tuple":
+    return None
+  opcode, operands, _ = _op(
+    body[0].by_name.get(out.operands[k]), body[0], comps
+  )
+  if opcode != "add" or sorted(
+    (_element(o) == k, _constant(o) == 1) for o in operands
+  ) != [(False, True), (True, False)]:
+    return None
+  return max(n - start, 0)
+
+
+def _pair(inst, comp, comps):
+  """``_op`` of a binary operation: (opcode, (lhs, rhs), attributes)."""
+  opcode, operands, attributes = _op(inst, comp, comps)
+  if len(operands) != 2:
+    return "", (None, None), ""
+  return opcode, (operands[0], operands[1]), attributes
 
 
 def _flops(inst: Instruction, comp: Computation) -> float:
@@ -406,7 +504,7 @@ class _Walker:
         for key in ("body", "condition"):
           for c in _called(inst, key):
             body.merge(self.walk(c, here), 1.0)
-        trips = _trip(inst, self.bounds)
+        trips = _trip(inst, comp, self.comps, self.bounds)
         if trips is None:
           cost.unbounded_loops.append(inst.op_name or inst.name)
           trips = 1

@@ -4,6 +4,8 @@ program has no loop."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -34,6 +36,18 @@ def test_loops_count_every_trip_where_xla_counts_one():
   assert not cost.unbounded_loops
   xla = jax.jit(loops).lower(x, w).compile().cost_analysis()["flops"]
   assert xla < 3 * MATMUL  # each body once: why this module exists
+
+
+def test_counted_loops_are_read_off_their_condition_without_annotation():
+  # XLA's TPU programs carry no known_trip_count: the count must come from
+  # the loop itself (condition i < N, i from a constant, body i + 1).
+  x, w = jnp.ones((B, D)), jnp.ones((D, D))
+  text = jax.jit(loops).lower(x, w).compile().as_text()
+  bare = re.sub(r',"known_trip_count":\{"n":"\d+"\}', "", text)
+  assert "known_trip_count" not in bare
+  cost = hlo_cost.program_cost(bare)
+  assert cost.total_flops == pytest.approx(12 * MATMUL, rel=0.01)
+  assert not cost.unbounded_loops
 
 
 def test_phases_are_the_named_scopes():
