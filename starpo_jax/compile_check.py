@@ -44,6 +44,12 @@ _TOPOLOGY = flags.DEFINE_string(
   "(needs libtpu: pip install 'jax[tpu]').",
 )
 _JSON = flags.DEFINE_string("json", None, "Also write the report here.")
+_HLO = flags.DEFINE_string(
+  "hlo",
+  None,
+  "Also write each compiled step's optimized HLO text here (the mesh, "
+  "as data-fsdp-tensor, is added to the name when --mesh is repeated).",
+)
 
 GiB = 1024**3
 
@@ -122,6 +128,14 @@ def _simulate(devices: int) -> None:
   os.execve(sys.executable, argv, env)
 
 
+def _host_bounds(name: str) -> list[int]:
+  """Chips per host along each axis: libtpu's default 2x2x1, or the slice
+  itself where it is smaller (one v5e chip, ``v5e:1x1``)."""
+  dims = [int(d) for d in name.split(":")[-1].split("x") if d.isdigit()]
+  dims += [1] * (3 - len(dims))
+  return [min(d, b) for d, b in zip(dims, (2, 2, 1), strict=False)]
+
+
 def _devices(count: int):
   import jax
 
@@ -134,7 +148,11 @@ def _devices(count: int):
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   name = SLICES.get(_TOPOLOGY.value, _TOPOLOGY.value)
   try:
-    topology = topologies.get_topology_desc(platform="tpu", topology_name=name)
+    topology = topologies.get_topology_desc(
+      platform="tpu",
+      topology_name=name,
+      chips_per_host_bounds=_host_bounds(name),
+    )
   except Exception as e:  # what is missing depends on the installation
     raise app.UsageError(
       f"--topology={_TOPOLOGY.value}: this JAX cannot compile for TPU "
@@ -148,8 +166,11 @@ def _devices(count: int):
   return topology.devices
 
 
-def check(config, shape: tuple[int, ...], devices) -> dict:
-  """Compiles the step for one mesh; returns its per-device memory."""
+def check(
+  config, shape: tuple[int, ...], devices, hlo: str | None = None
+) -> dict:
+  """Compiles the step for one mesh; returns its per-device memory. With
+  ``hlo``, also writes the compiled program's text there."""
   import jax
 
   from starpo_jax import sharding, train
@@ -167,6 +188,9 @@ def check(config, shape: tuple[int, ...], devices) -> dict:
   compiled = lowered.compile()
   seconds = time.perf_counter() - t0
   mem = compiled.memory_analysis()
+  if hlo:
+    with open(hlo, "w") as f:
+      f.write(compiled.as_text())
   params = sum(
     sharding.bytes_per_device(t)
     for t in (state.policy, state.critic, state.reference)
@@ -290,7 +314,8 @@ def report(r: dict) -> str:
     fits = "fits" if r["peak_bytes"] <= r["hbm_bytes"] else "DOES NOT FIT"
     lines.append(f"    chip memory  {_size(r['hbm_bytes'])}: {fits}")
   lines.append(
-    "  per device and step, loops counted as they run (decode at its bound):"
+    "  per device and step, loops counted as they run (decode at its "
+    "bound), GB read and written in device memory:"
   )
   for phase in (*PHASES, "other"):
     f, b = r["phase_flops"].get(phase, 0.0), r["phase_bytes"].get(phase, 0.0)
@@ -322,7 +347,8 @@ def report(r: dict) -> str:
     lines.append(
       f"    roofline lower bound of the step (estimate): "
       f"{r['roofline_s']:.3f} s at {r['peak_flops'] / 1e12:.0f} TFLOP/s, "
-      f"{r['peak_bandwidth'] / 1e9:.0f} GB/s a chip"
+      f"{r['peak_bandwidth'] / 1e9:.0f} GB/s a chip (collectives not "
+      "counted)"
     )
   return "\n".join(lines)
 
@@ -345,7 +371,11 @@ def main(argv) -> None:
   results = []
   for shape in shapes:
     devices = _devices(math.prod(shape))
-    results.append(check(config, shape, devices))
+    hlo = _HLO.value
+    if hlo and len(shapes) > 1:
+      root, ext = os.path.splitext(hlo)
+      hlo = f"{root}.{'-'.join(map(str, shape))}{ext}"
+    results.append(check(config, shape, devices, hlo))
     print(report(results[-1]), flush=True)
   if _JSON.value:
     with open(_JSON.value, "w") as f:

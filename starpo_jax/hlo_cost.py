@@ -6,7 +6,9 @@ times it runs: for the StarPO step (a scan over turns, a decode loop over
 tokens, a scan over minibatches) it undercounts by orders of magnitude.
 This walks the optimized HLO text instead (``compiled.as_text()``):
 
-* FLOPs: a ``dot`` is ``2 * output elements * contracted size``; an
+* FLOPs: a ``dot`` is ``2 * output elements * contracted size``, a
+  ``convolution`` (what a matmul becomes in XLA's TPU programs) twice
+  its multiply-adds over the kernel taps that meet real input; an
   elementwise arithmetic op one per output element, a ``reduce`` one per
   input element (XLA's own conventions). Inside a fusion they count as
   the fusion's. A TPU kernel (``custom-call``, e.g. splash attention)
@@ -30,6 +32,7 @@ This walks the optimized HLO text instead (``compiled.as_text()``):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -57,6 +60,7 @@ _BYTES = {
   "c128": 16,
 }
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_LAID_OUT = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
 _NAME = re.compile(r"%[\w.\-]+")
 _ELEMENTWISE = frozenset(
   [
@@ -93,6 +97,14 @@ _ELEMENTWISE = frozenset(
 )
 # Instructions that read only part of their first operand.
 _SLICING = frozenset(["dynamic-slice", "slice", "gather"])
+# XLA's TPU bookkeeping calls: they compute and move nothing.
+_FREE_CALLS = frozenset(
+  ["AllocateBuffer", "ConcatBitcast", "AssumeGatherIndicesInBound"]
+)
+# Matmuls of a (causal) splash-attention kernel per block pair: the
+# forward's QK^T and PV; dq recomputes QK^T, then dO V^T and dS K; dkv
+# recomputes QK^T, then P^T dO, dO V^T and dS^T Q.
+_SPLASH = {"fwd": (2, ""), "dq": (3, "_dq"), "dkv": (4, "_dkv")}
 # Instructions that move no data of their own.
 _FREE = frozenset(
   [
@@ -190,6 +202,18 @@ def size_bytes(type_text: str) -> float:
   )
 
 
+def hbm_bytes(type_text: str) -> float:
+  """Bytes of the arrays of a type that live in device memory: an array
+  whose layout names another memory space (``S(n)``, n > 0: where XLA's
+  TPU memory-space assignment keeps a buffer on chip) moves no HBM
+  bytes."""
+  return sum(
+    _BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+    for dtype, dims, layout in _LAID_OUT.findall(type_text)
+    if not re.search(r"S\([1-9]\d*\)", layout)
+  )
+
+
 def _dims(type_text: str) -> list[int]:
   match = _ARRAY.search(type_text)
   if match is None:
@@ -242,12 +266,29 @@ def _instruction(line: str) -> tuple[Instruction, bool] | None:
   return inst, root
 
 
+def _statements(text: str) -> list[str]:
+  """The text's lines, an instruction that spans several (a TPU kernel's
+  metadata holds line breaks) joined into one."""
+  out: list[str] = []
+  for raw in text.splitlines():
+    starts = (
+      not raw
+      or raw == "}"
+      or re.match(r"(\s+(ROOT )?%|(ENTRY )?%|HloModule)", raw) is not None
+    )
+    if starts or not out:
+      out.append(raw)
+    else:
+      out[-1] += " " + raw
+  return out
+
+
 def parse(text: str) -> tuple[dict[str, Computation], str]:
   """The computations of an HLO module's text, and the entry's name."""
   comps: dict[str, Computation] = {}
   entry = ""
   current: Computation | None = None
-  for raw in text.splitlines():
+  for raw in _statements(text):
     line = raw.strip()
     header = re.match(r"(ENTRY )?(%[\w.\-]+) \(.*\) -> .*\{$", line)
     if header and not raw.startswith(" "):
@@ -306,10 +347,11 @@ def _trip(
   counted = _counted(inst, comp, comps)
   if counted is not None:
     return counted
-  scopes = inst.op_name.split("/")
-  for scope, bound in bounds.items():
-    if scope in scopes:
-      return bound
+  # The innermost bounded scope: a block loop inside the decode loop
+  # runs the block count, not the token count.
+  for scope in reversed(inst.op_name.split("/")):
+    if scope in bounds:
+      return bounds[scope]
   return None
 
 
@@ -337,8 +379,20 @@ def _op(
   )
 
 
-def _element(inst: Instruction | None) -> int | None:
-  """The tuple index ``inst`` reads, if it is a ``get-tuple-element``."""
+def _copied(inst: Instruction | None, comp: Computation | None):
+  """``inst`` seen through copies (how XLA's TPU programs move a loop
+  counter between memory spaces)."""
+  while inst is not None and comp is not None and inst.opcode == "copy":
+    inst = comp.by_name.get(inst.operands[0])
+  return inst
+
+
+def _element(
+  inst: Instruction | None, comp: Computation | None = None
+) -> int | None:
+  """The tuple index ``inst`` reads (through copies), if it is a
+  ``get-tuple-element``."""
+  inst = _copied(inst, comp)
   if inst is None or inst.opcode != "get-tuple-element":
     return None
   match = re.search(r"index=(\d+)", inst.attributes)
@@ -349,8 +403,7 @@ def _constant(
   inst: Instruction | None, comp: Computation | None = None
 ) -> int | None:
   """The integer ``inst`` holds if it is a constant (through copies)."""
-  while inst is not None and comp is not None and inst.opcode == "copy":
-    inst = comp.by_name.get(inst.operands[0])
+  inst = _copied(inst, comp)
   if inst is None or inst.opcode != "constant":
     return None
   try:
@@ -364,7 +417,9 @@ def _counted(
 ) -> int | None:
   """The trip count of a counted loop (XLA's TPU programs leave them
   unannotated): the condition is ``element k < N``, element k starts at a
-  constant and the body adds 1 to it. None for any other loop."""
+  constant and the body adds a positive constant to it (2 in the SPMD
+  partitioner's bidirectional windowed einsums). None for any other
+  loop."""
   cond = [comps[c] for c in _called(inst, "condition")]
   body = [comps[c] for c in _called(inst, "body")]
   if len(cond) != 1 or len(body) != 1:
@@ -372,7 +427,7 @@ def _counted(
   opcode, (counter, limit), attributes = _pair(cond[0].root, cond[0], comps)
   if opcode != "compare" or "direction=LT" not in attributes:
     return None
-  k, n = _element(counter), _constant(limit)
+  k, n = _element(counter, cond[0]), _constant(limit, cond[0])
   init = comp.by_name.get(inst.operands[0]) if inst.operands else None
   if k is None or n is None or init is None or init.opcode != "tuple":
     return None
@@ -383,11 +438,16 @@ def _counted(
   opcode, operands, _ = _op(
     body[0].by_name.get(out.operands[k]), body[0], comps
   )
-  if opcode != "add" or sorted(
-    (_element(o) == k, _constant(o) == 1) for o in operands
-  ) != [(False, True), (True, False)]:
+  if opcode != "add" or len(operands) != 2:
     return None
-  return max(n - start, 0)
+  steps = [_constant(o, body[0]) for o in operands]
+  counters = [_element(o, body[0]) == k for o in operands]
+  if counters not in ([True, False], [False, True]):
+    return None
+  step = steps[counters.index(False)]
+  if step is None or step <= 0:
+    return None
+  return max(-(-(n - start) // step), 0)
 
 
 def _pair(inst, comp, comps):
@@ -398,7 +458,129 @@ def _pair(inst, comp, comps):
   return opcode, (operands[0], operands[1]), attributes
 
 
+def _window(attributes: str) -> list[dict[str, list[int]]]:
+  """A convolution's window, one dict per spatial dimension (size,
+  stride, pad as [low, high], lhs_dilate, rhs_dilate)."""
+  match = re.search(r"window=\{([^}]*)\}", attributes)
+  if match is None:
+    return []
+  fields = dict(f.split("=", 1) for f in match.group(1).split())
+  rank = len(fields["size"].split("x"))
+  out = []
+  for d in range(rank):
+    dim = {
+      key: int(fields[key].split("x")[d]) if key in fields else default
+      for key, default in (
+        ("size", 1),
+        ("stride", 1),
+        ("lhs_dilate", 1),
+        ("rhs_dilate", 1),
+      )
+    }
+    pad = fields.get("pad", "x".join(["0_0"] * rank)).split("x")[d]
+    dim["pad"] = int(pad.split("_")[0])
+    out.append(dim)
+  return out
+
+
+@functools.cache
+def _valid_taps(
+  out: int, size: int, inp: int, stride: int, pad: int, wdil: int, bdil: int
+) -> int:
+  """(output position, kernel tap) pairs of one spatial dimension that
+  land on a real input element: not padding, not a hole of the input's
+  dilation."""
+  total = 0
+  for k in range(size):
+    for o in range(out):
+      u = o * stride - pad + k * wdil
+      if u >= 0 and u % bdil == 0 and u // bdil < inp:
+        total += 1
+  return total
+
+
+def _convolution_flops(inst: Instruction, comp: Computation) -> float:
+  """2 x multiply-adds: the input features of a group, times the output
+  features, the batch of a group, and the kernel taps that meet real
+  input along each spatial dimension (how XLA's TPU programs hold their
+  matmuls)."""
+  labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", inst.attributes)
+  lhs = _dims(comp.types.get(inst.operands[0], ""))
+  rhs = _dims(comp.types.get(inst.operands[1], ""))
+  out = _dims(inst.type)
+  if labels is None or not lhs or not rhs or not out:
+    return 0.0
+  lhs_l, rhs_l, out_l = labels.groups()
+
+  def group(key: str) -> int:
+    m = re.search(key + r"=(\d+)", inst.attributes)
+    return int(m.group(1)) if m else 1
+
+  fma = (
+    lhs[lhs_l.index("f")]
+    // group("feature_group_count")
+    * out[out_l.index("f")]
+    * (lhs[lhs_l.index("b")] // group("batch_group_count"))
+  )
+  for d, w in enumerate(_window(inst.attributes)):
+    fma *= _valid_taps(
+      out[out_l.index(str(d))],
+      rhs[rhs_l.index(str(d))],
+      lhs[lhs_l.index(str(d))],
+      w["stride"],
+      w["pad"],
+      w["rhs_dilate"],
+      w["lhs_dilate"],
+    )
+  return 2.0 * fma
+
+
+def _target(inst: Instruction) -> str:
+  """A ``custom-call``'s target ("" for any other instruction)."""
+  if inst.opcode != "custom-call":
+    return ""
+  match = re.search(r'custom_call_target="([^"]*)"', inst.attributes)
+  return match.group(1) if match else ""
+
+
+def _splash_flops(inst: Instruction) -> float | None:
+  """FLOPs of a causal splash-attention kernel (``splash_mha_fwd``,
+  ``_dq``, ``_dkv``), which XLA cannot see inside: its matmuls over the
+  block pairs a causal mask keeps, from the query and key shapes
+  (``[batch, heads, length, head_dim]``) and the kernel's block sizes.
+  None for any other kernel."""
+  kind = re.match(r"%splash_mha_(fwd|dq|dkv)", inst.name)
+  text = inst.attributes
+  at = text.find("operand_layout_constraints={")
+  constraints = (
+    text[at : _matching(text, text.index("{", at))] if at >= 0 else None
+  )
+  blocks = re.search(r'xprof_metadata":"(\{.*?\})"', text)
+  if kind is None or constraints is None or blocks is None:
+    return None
+  # The queries, then the keys: [..., heads, length, head_dim].
+  arrays = [
+    [int(d) for d in dims.split(",")]
+    for dtype, dims in _ARRAY.findall(constraints)
+    if dtype.startswith(("bf", "f")) and dims.count(",") >= 2
+  ]
+  if len(arrays) < 2:
+    return None
+  q, k = arrays[:2]
+  matmuls, suffix = _SPLASH[kind.group(1)]
+  sizes = json.loads(blocks.group(1).replace('\\"', '"'))
+  bq, bk = sizes[f"block_q{suffix}"], sizes[f"block_kv{suffix}"]
+  batch, (heads, length, dim) = math.prod(q[:-3]), q[-3:]
+  pairs = sum(
+    min(-(-k[-2] // bk), -(-min(length, (i + 1) * bq) // bk))
+    for i in range(-(-length // bq))
+  )
+  return 2.0 * matmuls * batch * heads * pairs * bq * bk * dim
+
+
 def _flops(inst: Instruction, comp: Computation) -> float:
+  if inst.opcode == "convolution":
+    return _convolution_flops(inst, comp)
   if inst.opcode == "dot":
     lhs = _dims(comp.types.get(inst.operands[0], ""))
     contracting = re.search(
@@ -440,20 +622,33 @@ class _Walker:
     return self._inner[name]
 
   def moved(self, inst: Instruction, comp: Computation) -> float:
-    """Bytes an instruction reads and writes. An update in place (a
+    """HBM bytes an instruction reads and writes. An update in place (a
     ``dynamic-update-slice``, alone or at a fusion's root) reads its other
     operands and writes the slice, not the buffer it lands in (as XLA
-    counts it)."""
-    sizes = [size_bytes(comp.types.get(o, "")) for o in inst.operands]
+    counts it). An asynchronous pair (``copy-start``/``copy-done``, ...)
+    counts once, at its end: what the start read, what the end wrote."""
+    if inst.opcode.endswith("-start"):
+      return 0.0
+    if inst.opcode.endswith("-done"):
+      start = comp.by_name.get(inst.operands[0]) if inst.operands else None
+      reads = (
+        [hbm_bytes(comp.types.get(o, "")) for o in start.operands]
+        if (start is not None)
+        else []
+      )
+      if start is not None and start.opcode == "slice-start" and reads:
+        reads = [size_bytes(inst.type) if reads[0] else 0.0]
+      return sum(reads) + hbm_bytes(inst.type)
+    sizes = [hbm_bytes(comp.types.get(o, "")) for o in inst.operands]
     if inst.opcode in _SLICING:
-      sizes[0] = size_bytes(inst.type)
+      sizes[0] = hbm_bytes(inst.type) if sizes[0] else 0.0
     elif inst.opcode == "fusion":
       for k, read in self._sliced_reads(inst).items():
         if k < len(sizes):
           sizes[k] = min(sizes[k], read)
     in_place = self._in_place(inst, comp)
     if in_place is None:
-      return size_bytes(inst.type) + sum(sizes)
+      return hbm_bytes(inst.type) + sum(sizes)
     buffer, written = in_place
     return sum(sizes) - sizes[buffer] + written
 
@@ -472,7 +667,7 @@ class _Walker:
       if users and all(
         u.opcode in _SLICING and u.operands[0] == p.name for u in users
       ):
-        out[int(p.args)] = sum(size_bytes(u.type) for u in users)
+        out[int(p.args)] = sum(hbm_bytes(u.type) for u in users)
     return out
 
   def _in_place(
@@ -481,7 +676,7 @@ class _Walker:
     """(the operand an in-place update writes into, the bytes it
     writes), or None when ``inst`` is no such update."""
     if inst.opcode == "dynamic-update-slice":
-      return 0, size_bytes(comp.types.get(inst.operands[1], ""))
+      return 0, hbm_bytes(comp.types.get(inst.operands[1], ""))
     called = _called(inst, "calls") if inst.opcode == "fusion" else []
     if len(called) != 1:
       return None
@@ -492,7 +687,7 @@ class _Walker:
     target = fused.by_name.get(root.operands[0])
     if target is None or target.opcode != "parameter":
       return None
-    return int(target.args), size_bytes(fused.types.get(root.operands[1], ""))
+    return int(target.args), hbm_bytes(fused.types.get(root.operands[1], ""))
 
   def walk(self, name: str, phase: str) -> Cost:
     comp = self.comps[name]
@@ -524,12 +719,15 @@ class _Walker:
       elif inst.opcode == "call":
         for c in _called(inst, "to_apply"):
           cost.merge(self.walk(c, here), 1.0)
-      elif inst.opcode not in _FREE:
+      elif inst.opcode not in _FREE and _target(inst) not in _FREE_CALLS:
         flops = _flops(inst, comp)
         if inst.opcode == "fusion":
           flops += sum(self.inner_flops(c) for c in _called(inst, "calls"))
-        if inst.opcode == "custom-call":
-          cost.opaque_calls += 1
+        if _target(inst) == "tpu_custom_call":
+          splash = _splash_flops(inst)
+          if splash is None:
+            cost.opaque_calls += 1
+          flops += splash or 0.0
         cost.add(here, flops, self.moved(inst, comp))
     return cost
 

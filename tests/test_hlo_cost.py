@@ -138,3 +138,96 @@ def test_a_sliced_operand_reads_the_slice():
   # Reads two rows and the index, writes two rows.
   assert cost.total_bytes == 4 * 2 * 1024 * 2 + 4
   assert cost.total_bytes == compiled.cost_analysis()["bytes accessed"]
+
+
+@pytest.mark.parametrize(
+  "window",
+  [
+    dict(window_strides=(1,), padding="SAME"),
+    dict(window_strides=(2,), padding=((3, 1),), rhs_dilation=(2,)),
+    # A transposed convolution: holes between the input's elements.
+    dict(window_strides=(1,), padding=((2, 2),), lhs_dilation=(3,)),
+  ],
+)
+def test_convolution_flops_match_xla(window):
+  # XLA's TPU programs hold their matmuls as convolutions; XLA's own count
+  # (loop-free program) is the reference, windows with padding, strides
+  # and dilations included, in feature groups.
+  def fn(x, w):
+    return jax.lax.conv_general_dilated(x, w, feature_group_count=2, **window)
+
+  x, w = jnp.ones((4, 6, 37)), jnp.ones((10, 3, 5))
+  compiled = jax.jit(fn).lower(x, w).compile()
+  assert "convolution(" in compiled.as_text()
+  cost = hlo_cost.program_cost(compiled.as_text())
+  assert cost.total_flops == pytest.approx(
+    compiled.cost_analysis()["flops"], rel=1e-6
+  )
+
+
+def tpu_program(fn, *shapes) -> str:
+  """``fn`` compiled for one TPU v5e chip (libtpu, a test dependency,
+  compiles for chips this machine does not have)."""
+  from jax.experimental import topologies
+
+  topology = topologies.get_topology_desc(
+    platform="tpu", topology_name="v5e:1x1", chips_per_host_bounds=[1, 1, 1]
+  )
+  mesh = jax.sharding.Mesh(topology.devices, ("x",))
+  one = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  args = [jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=one) for s in shapes]
+  return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def test_a_tpu_matmul_is_a_convolution_counted_as_one():
+  text = tpu_program(lambda x, w: x @ w, (256, 512), (512, 384))
+  assert "convolution(" in text and " dot(" not in text
+  assert hlo_cost.program_cost(text).total_flops == 2 * 256 * 512 * 384
+
+
+def test_splash_attention_kernels_are_counted_by_their_blocks():
+  # XLA sees nothing inside a Pallas kernel. Causal attention over 8 x 8
+  # blocks of 128 keeps the 36 on or below the diagonal; each runs 2
+  # matmuls forward, 3 for dq and 4 for dk/dv, each 2 * 128 * 128 * D
+  # FLOPs per head.
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_kernel as kernel,
+  )
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_mask as mask,
+  )
+
+  heads, length, dim = 4, 1024, 64
+
+  def loss(q, k, v):
+    causal = mask.MultiHeadMask(
+      [mask.CausalMask((length, length)) for _ in range(heads)]
+    )
+    splash = kernel.make_splash_mha(causal, head_shards=1, q_seq_shards=1)
+    return splash(q, k, v).astype(jnp.float32).sum()
+
+  shape = (heads, length, dim)
+  text = tpu_program(jax.grad(loss, argnums=(0, 1, 2)), shape, shape, shape)
+  assert text.count('custom_call_target="tpu_custom_call"') == 3
+  cost = hlo_cost.program_cost(text)
+  assert cost.opaque_calls == 0
+  attention = (2 + 3 + 4) * heads * 36 * 2 * 128 * 128 * dim
+  outside = 2 * heads * length * dim  # the elementwise rest, far less
+  assert attention <= cost.total_flops < attention + outside
+
+
+def test_on_chip_buffers_and_async_copies_move_no_hbm_bytes_twice():
+  # XLA's TPU programs prefetch into on-chip memory (layout S(1)) with a
+  # copy-start/copy-done pair: the pair reads the 1 KiB once from HBM and
+  # writes on chip; the negate reads on chip and writes 1 KiB to HBM.
+  text = """HloModule m
+ENTRY %main (p: f32[256]) -> f32[256] {
+  %p = f32[256]{0} parameter(0)
+  %cs = (f32[256]{0}, f32[256]{0:S(1)}, u32[]{:S(2)}) copy-start(%p)
+  %cd = f32[256]{0:S(1)} copy-done(%cs)
+  ROOT %n = f32[256]{0} negate(%cd)
+}
+"""
+  cost = hlo_cost.program_cost(text)
+  assert cost.total_bytes == 1024 + 1024
+  assert cost.total_flops == 256
