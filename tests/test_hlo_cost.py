@@ -64,11 +64,15 @@ def test_phases_are_the_named_scopes():
   assert cost.flops["beta"] == pytest.approx(3 * 2 * B * (2 * D) ** 2, rel=0.01)
 
 
+def data_dependent_loop(x, w):
+  return jax.lax.while_loop(
+    lambda c: jnp.sum(c[0]) < 1e30, lambda c: (c[0] @ w, c[1] + 1), (x, 0)
+  )[0]
+
+
 def data_dependent(x, w):
   with jax.named_scope("decode"):
-    return jax.lax.while_loop(
-      lambda c: jnp.sum(c[0]) < 1e30, lambda c: (c[0] @ w, c[1] + 1), (x, 0)
-    )[0]
+    return data_dependent_loop(x, w)
 
 
 def test_a_loop_without_trip_count_takes_its_scopes_bound():
@@ -80,6 +84,23 @@ def test_a_loop_without_trip_count_takes_its_scopes_bound():
   assert unbounded.total_flops == pytest.approx(MATMUL, rel=0.05)
   assert len(unbounded.unbounded_loops) == 1
   assert "decode" in unbounded.unbounded_loops[0]
+
+
+def test_a_loop_takes_its_innermost_scopes_bound():
+  # The attention's block loop inside the decode loop runs the block
+  # count each token, not the token count.
+  def nested(x, w):
+    def token(c):
+      with jax.named_scope("kv_blocks"):
+        inner = data_dependent_loop(c[0], w)
+      return inner, c[1] + 1
+
+    with jax.named_scope("decode"):
+      return jax.lax.while_loop(lambda c: c[1] < c[0][0, 0], token, (x, 0))[0]
+
+  x, w = jnp.ones((B, D)), jnp.ones((D, D))
+  cost = cost_of(nested, x, w, bounds={"decode": 9, "kv_blocks": 4})
+  assert cost.total_flops == pytest.approx(9 * 4 * MATMUL, rel=0.05)
 
 
 def test_a_conditional_counts_its_dearer_branch():
