@@ -12,17 +12,22 @@ Flags:
               before anything else; on Cloud TPU and under SLURM the
               coordinator and process ids are found automatically, elsewhere
               pass --coordinator_address, --num_processes and --process_id.
+
+A SIGTERM (a spot VM's notice) or Ctrl-C stops the run after the step in
+progress, with a checkpoint, and exits with status 75 (EX_TEMPFAIL): the
+same command resumes it.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from starpo_jax import train
+from starpo_jax import preemption, train
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Training configuration file.", lock_config=True
@@ -67,7 +72,9 @@ def main(argv) -> None:
   initialize_distributed()
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("runs", config.env.name)
-  train.run(config, workdir)
+  summary = train.run(config, workdir)
+  if summary["preempted"]:
+    sys.exit(preemption.EXIT_STATUS)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from starpo_jax import (
   diagnostics,
   evaluate,
   filtering,
+  preemption,
   rollout,
   sft,
   sharding,
@@ -506,6 +507,7 @@ class _Run:
     self.profile = log_lib.Profile(c.train.get("profile", ""), workdir)
     self.evaluator = make_evaluator(setup, learner) if self.every else None
     self.evals: dict[int, float] = {}
+    self.preemption = preemption.Preemption()
     if self.primary:
       # What `python -m starpo_jax.evaluate --workdir` rebuilds the run from.
       with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
@@ -580,6 +582,7 @@ class _Run:
     )
 
   def close(self) -> None:
+    self.preemption.close()
     self.profile.stop()
     self.ckpt.wait()
     self.ckpt.close()
@@ -676,13 +679,25 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   An early-stopping rule that fires (``config.train.early_stop``,
   ``stopping.py``) ends the run at that step with a checkpoint; the reason
-  is printed, written to ``workdir/early_stop.txt`` and returned.
+  is printed, written to ``workdir/early_stop.txt`` and returned. A
+  SIGTERM or Ctrl-C (``preemption.py``) ends it after the step in progress
+  with a checkpoint; the signal is returned as ``"preempted"``.
   """
   t_run = time.perf_counter()
   setup = build(config)
   _check_workdir(workdir)
   learner = make_learner(setup)
   r = _Run(setup, learner, workdir)
+  try:
+    return _loop(r, learner, t_run)
+  finally:
+    r.close()
+
+
+def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
+  """``run``'s steps, from the workdir's checkpoint to the end, an early
+  stop or a preemption."""
+  setup, config = r.setup, r.setup.config
   state = _restore(r, init_state(setup, learner))
   # Each phase compiles when it first runs (a resumed run may skip one).
   compilers = {"sft": compile_sft_step, "rl": compile_step}
@@ -690,7 +705,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   codec = sharding.replicate(setup.codec, setup.mesh)
   last: dict[str, float] = {}
   stopper = stopping.EarlyStop(setup.stop_cfg)
-  stopped = None
+  stopped = preempted = None
   step = int(sharding.local_value(state.step))
   if step == 0 and r.evaluating(0):
     _evaluate_start(r, state, t_run)
@@ -710,31 +725,40 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       )
     evaluating = r.evaluating(step)
     watching = setup.stop_cfg.enabled and phase == "rl"
-    if not (evaluating or watching or step % config.train.log_every == 0):
-      continue
-    metrics = _host_metrics(metrics, time.perf_counter() - t0)
-    if evaluating:
-      metrics.update(r.evaluate(step, state.policy))
-    # Wall time since this process started the run, compiles included.
-    metrics["time/elapsed_s"] = time.perf_counter() - t_run
-    if phase == "rl":
-      # Adds the reward spread relative to its early level, rules on or off.
-      stopped = stopper.after_step(metrics)
-      if watching and stopped is None and "eval/success" in metrics:
-        stopped = stopper.after_eval(metrics["eval/success"])
-    r.writer.write(step, metrics)
-    r.progress.update(step, metrics)
-    if evaluating and step == r.sft_steps:
-      r.print(f"after {step} warm-start steps: {r.describe(metrics)}")
-    last = metrics
-    r.check_finite(step, metrics)
-    if r.checkpointing(step) or stopped:
+    if evaluating or watching or step % config.train.log_every == 0:
+      metrics = _host_metrics(metrics, time.perf_counter() - t0)
+      if evaluating:
+        metrics.update(r.evaluate(step, state.policy))
+      # Wall time since this process started the run, compiles included.
+      metrics["time/elapsed_s"] = time.perf_counter() - t_run
+      if phase == "rl":
+        # The reward spread relative to its early level, rules on or off.
+        stopped = stopper.after_step(metrics)
+        if watching and stopped is None and "eval/success" in metrics:
+          stopped = stopper.after_eval(metrics["eval/success"])
+      r.writer.write(step, metrics)
+      r.progress.update(step, metrics)
+      if evaluating and step == r.sft_steps:
+        r.print(f"after {step} warm-start steps: {r.describe(metrics)}")
+      last = metrics
+      r.check_finite(step, metrics)
+    # A signal stops the run at a step boundary, where it checkpoints;
+    # the metrics of the steps run stay as an uninterrupted run logs them.
+    preempted = r.preemption.signal if r.preemption.requested(step) else None
+    if r.checkpointing(step) or stopped or preempted:
       r.ckpt.save(step, state)
     if stopped:
       r.stop_early(step, stopped)
       break
-  r.close()
-  return _summary(r, step, time.perf_counter() - t_run, last, stopped)
+    if preempted:
+      r.ckpt.wait()
+      r.print(
+        f"stopped by {preempted} after step {step} of {r.total}: checkpoint "
+        f"saved in {r.workdir}; the same command resumes the run"
+      )
+      break
+  seconds = time.perf_counter() - t_run
+  return _summary(r, step, seconds, last, stopped, preempted)
 
 
 def _summary(
@@ -743,9 +767,10 @@ def _summary(
   seconds: float,
   last: dict[str, float],
   stopped: str | None,
+  preempted: str | None,
 ) -> dict[str, Any]:
   """What ``run`` returns, and its closing lines."""
-  if "eval/success" in last:
+  if "eval/success" in last and not preempted:
     r.print(f"done: {step} steps in {seconds:.0f}s; {r.describe(last)}")
   r.print(f"metrics in {r.writer.path}")
   return {
@@ -754,6 +779,7 @@ def _summary(
     "final": last,
     "eval_success": r.evals,
     "early_stop": stopped,
+    "preempted": preempted,
   }
 
 

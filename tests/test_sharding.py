@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -138,10 +140,12 @@ def test_two_processes_agree(tmp_path):
   env.pop("XLA_FLAGS", None)
   # The reference: the same run in one process with two devices.
   single = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  # The pair would run 60 steps; process 1 alone gets a SIGTERM once step
+  # 2 is logged, and JAX's preemption service stops both at one step.
   runs = [
-    (port, 0, "run", env),
-    (port, 1, "run", env),
-    ("single", 0, "one", single),
+    (port, 0, "run", env, "60"),
+    (port, 1, "run", env, "60"),
+    ("single", 0, "one", single, "2"),
   ]
   procs = [
     subprocess.Popen(
@@ -152,32 +156,48 @@ def test_two_processes_agree(tmp_path):
         first,
         str(i),
         str(tmp_path / workdir),
+        steps,
       ],
       env=process_env,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
     )
-    for first, i, workdir, process_env in runs
+    for first, i, workdir, process_env, steps in runs
   ]
+  metrics = tmp_path / "run" / "metrics.jsonl"
+  deadline = time.time() + 900
+  while not (metrics.exists() and '"step": 2' in metrics.read_text()):
+    assert all(p.poll() is None for p in procs[:2]), "the pair ended early"
+    assert time.time() < deadline
+    time.sleep(0.1)
+  procs[1].send_signal(signal.SIGTERM)
   outs = [p.communicate(timeout=900) for p in procs]
   for p, (_, err) in zip(procs, outs, strict=True):
     assert p.returncode == 0, err[-4000:]
   results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
   assert [r["process_count"] for r in results] == [2, 2, 1]
   assert [r["devices"] for r in results] == [2, 2, 2]
+  assert [r["preempted"] for r in results] == ["SIGTERM", "SIGTERM", None]
+  stop = results[0]["steps"]
+  assert results[1]["steps"] == stop and 2 <= stop < 60
   assert results[0]["metrics"] == results[1]["metrics"]
+  # Step 2 of the pair equals the single process's last (step 2).
+  records = [json.loads(line) for line in metrics.read_text().splitlines()]
+  two = next(r for r in records if r["step"] == 2)
   one = results[2]["metrics"]
-  assert results[0]["metrics"].keys() == one.keys()
+  assert {k for k in two if not k.startswith("time/")} - {"step"} == set(one)
   for name, value in one.items():
     np.testing.assert_allclose(
-      results[0]["metrics"][name], value, rtol=1e-5, atol=1e-6, err_msg=name
+      two[name], value, rtol=1e-5, atol=1e-6, err_msg=name
     )
-  # Only process 0 reports: one progress summary, one metrics file.
-  assert "done: 2 steps" in outs[0][0]
-  assert "done:" not in outs[1][0]
-  lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-  # Step 0: the untrained policy's evaluation.
-  assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
-  # Both steps were checkpointed (orbax, written by both processes).
-  assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[-1] == "2"
+  # Only process 0 reports: one progress line, one metrics file (step 0:
+  # the untrained policy's evaluation).
+  assert f"stopped by SIGTERM after step {stop} of 60" in outs[0][0]
+  assert "stopped by" not in outs[1][0]
+  assert "done: 2 steps" in outs[2][0]
+  assert [r["step"] for r in records] == list(range(stop + 1))
+  # The stop was checkpointed (orbax, written by both processes).
+  assert (
+    sorted(map(int, os.listdir(tmp_path / "run" / "checkpoints")))[-1] == stop
+  )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from flax import nnx
 
 from configs import bandit
-from starpo_jax import checkpoint, report, train
+from starpo_jax import checkpoint, preemption, report, train
 from starpo_jax import logging as log_lib
 from tests.helpers import read_tensorboard
 
@@ -149,16 +150,32 @@ def _comparable(records):
   ]
 
 
-def test_sigkilled_run_resumes_to_the_same_parameters_and_metrics(tmp_path):
+def _wait_until(ready, proc, deadline=300):
+  end = time.time() + deadline
+  while not ready():
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    assert time.time() < end
+    time.sleep(0.05)
+
+
+def _logged_steps(workdir) -> list[int]:
+  if not (workdir / "metrics.jsonl").exists():
+    return []
+  return [r["step"] for r in log_lib.read_metrics(str(workdir))]
+
+
+def test_killed_and_preempted_runs_resume_to_the_same_parameters_and_metrics(
+  tmp_path,
+):
   flags = [
     *SMALL,
-    "--config.train.steps=8",
+    "--config.train.steps=12",
     "--config.diagnostics.collapse_every=3",
     "--config.diagnostics.gradients_every=3",
   ]
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-  # The three runs compile the same step: JAX's persistent cache compiles
-  # it once (the executable is the same, so is every result).
+  # The runs compile the same step: JAX's persistent cache compiles it
+  # once (the executable is the same, so is every result).
   env = dict(
     os.environ,
     JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache"),
@@ -174,14 +191,31 @@ def test_sigkilled_run_resumes_to_the_same_parameters_and_metrics(tmp_path):
     env=env,
   )
   # Kill it hard once a checkpoint exists and before it finishes.
-  deadline = time.time() + 300
-  while not (resumed / "checkpoints" / "2").exists():
-    assert proc.poll() is None, "the run ended before it could be killed"
-    assert time.time() < deadline
-    time.sleep(0.05)
+  _wait_until((resumed / "checkpoints" / "2").exists, proc)
   proc.send_signal(signal.SIGKILL)
   assert proc.wait() == -signal.SIGKILL
-  assert not (resumed / "checkpoints" / "8").exists()
+  assert not (resumed / "checkpoints" / "12").exists()
+  # Resumed, then preempted (SIGTERM) at a random moment once it runs
+  # again: it finishes the step in progress, checkpoints exactly there
+  # (this run checkpoints on no schedule), says so, and exits 75.
+  proc = subprocess.Popen(
+    main_cmd(resumed, *flags, "--config.train.checkpoint_every=100"),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    env=env,
+  )
+  _wait_until(lambda: max(_logged_steps(resumed), default=0) >= 4, proc)
+  time.sleep(random.uniform(0.0, 0.2))
+  done = _logged_steps(resumed)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == preemption.EXIT_STATUS, out[-3000:]
+  stop = re.search(r"stopped by SIGTERM after step (\d+) of 12", out)
+  assert stop, out[-3000:]
+  stopped_at = int(stop.group(1))
+  assert max(done) <= stopped_at < 12
+  assert (resumed / "checkpoints" / str(stopped_at)).exists()
   out = subprocess.run(
     main_cmd(resumed, *flags),
     check=True,
@@ -189,7 +223,7 @@ def test_sigkilled_run_resumes_to_the_same_parameters_and_metrics(tmp_path):
     text=True,
     env=env,
   )
-  assert "resumed from step" in out.stdout
+  assert f"resumed from step {stopped_at}" in out.stdout
   c = bandit.get_config(None)
   c.rollout.env_groups, c.rollout.group_size = 2, 4
   c.algo.minibatches = 2
@@ -198,11 +232,11 @@ def test_sigkilled_run_resumes_to_the_same_parameters_and_metrics(tmp_path):
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))
   ra = _comparable(log_lib.read_metrics(str(straight)))
   rb = _comparable(log_lib.read_metrics(str(resumed)))
-  assert [r["step"] for r in rb] == list(range(1, 9))
+  assert [r["step"] for r in rb] == list(range(1, 13))
   assert ra == rb
   # Checkpoints every 2 steps, the last 3 kept; the config beside them.
   kept = sorted(int(p.name) for p in (straight / "checkpoints").iterdir())
-  assert kept == [4, 6, 8]
+  assert kept == [8, 10, 12]
   assert (straight / "config.json").is_file()
   # TensorBoard holds every logged metric at its step (its tags allow only
   # letters, digits and "_-/.": "pass@4" is "pass_4" there).
@@ -217,8 +251,8 @@ def test_sigkilled_run_resumes_to_the_same_parameters_and_metrics(tmp_path):
   for key, value in logged.items():
     assert events[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
   # The collapse diagnostics, computed and logged every 3rd step only.
-  assert [r["step"] for r in ra if "collapse/mi" in r] == [3, 6]
-  assert [r["step"] for r in ra if "grads/task" in r] == [3, 6]
+  assert [r["step"] for r in ra if "collapse/mi" in r] == [3, 6, 9, 12]
+  assert [r["step"] for r in ra if "grads/task" in r] == [3, 6, 9, 12]
   for r in ra:
     assert "collapse/first_turn_valid_rate" in r
     if "collapse/mi" in r:

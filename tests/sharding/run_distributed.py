@@ -4,8 +4,10 @@ trains two steps and prints the final metrics as JSON
 process (give it two devices: ``--xla_force_host_platform_device_count=2``),
 the reference the two processes must reproduce.
 
-  python -m tests.sharding.run_distributed PORT PROCESS_ID WORKDIR
+  python -m tests.sharding.run_distributed PORT PROCESS_ID WORKDIR [STEPS]
   python -m tests.sharding.run_distributed single 0 WORKDIR
+
+STEPS (default 2) lets a test stop the pair early with a SIGTERM.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax
 
 def main() -> None:
   port, process_id, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+  steps = int(sys.argv[4]) if len(sys.argv) > 4 else 2
   if port != "single":
     jax.distributed.initialize(
       coordinator_address=f"localhost:{port}",
@@ -39,7 +42,7 @@ def main() -> None:
   c.rollout.group_size = 2
   c.algo.minibatches = 1
   c.sft.steps = 0
-  c.train.steps = 2
+  c.train.steps = steps
   c.train.eval_every = 2
   c.train.eval_episodes = 4
   c.train.checkpoint_every = 1
@@ -49,6 +52,8 @@ def main() -> None:
       {
         "process_count": jax.process_count(),
         "devices": jax.device_count(),
+        "steps": summary["steps"],
+        "preempted": summary["preempted"],
         "metrics": {
           k: v for k, v in summary["final"].items() if not k.startswith("time/")
         },
