@@ -79,6 +79,91 @@ def test_tpu_queued_and_keep():
   assert not any("delete" in c for c in cmds)
 
 
+TPU = ["--name", "n", "--zone", "z", "--type", "t"]
+FAKE_GCLOUD = """#!/usr/bin/env bash
+# Stands in for gcloud: logs each call; the training command's exit
+# statuses come one by one from $FAKE/statuses, describe prints $FAKE/state.
+echo "$*" >> "$FAKE/calls"
+case "$*" in
+  *"starpo_jax.main"*)
+    status=$(head -n 1 "$FAKE/statuses"); sed -i 1d "$FAKE/statuses"
+    exit "$status" ;;
+  *describe*) cat "$FAKE/state" ;;
+esac
+"""
+
+
+def fake_launch(tmp_path, statuses, state, *flags):
+  """tpu.sh run for real against a fake gcloud; its exit status and the
+  gcloud calls it made."""
+  (tmp_path / "bin").mkdir()
+  gcloud = tmp_path / "bin" / "gcloud"
+  gcloud.write_text(FAKE_GCLOUD)
+  gcloud.chmod(0o755)
+  (tmp_path / "statuses").write_text("".join(f"{s}\n" for s in statuses))
+  (tmp_path / "state").write_text(state + "\n")
+  env = {
+    "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+    "FAKE": str(tmp_path),
+    "HOME": str(tmp_path),
+  }
+  out = subprocess.run(
+    [
+      "bash",
+      str(LAUNCH / "tpu.sh"),
+      *("--name", "n3", "--zone", "z", "--type", "v5litepod-8", "--spot"),
+      *flags,
+      *("--", "--config=configs/bandit.py", "--workdir=/shared/w"),
+    ],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  calls = (tmp_path / "calls").read_text().splitlines()
+  return out, [c.split()[3] for c in calls if c.startswith("compute tpus")]
+
+
+def test_tpu_retries_relaunch_a_preempted_run(tmp_path):
+  # Stopped by its SIGTERM (75), then preempted under it (255 from ssh,
+  # the slice PREEMPTED), then done: three slices, the same command.
+  out, calls = fake_launch(
+    tmp_path, [75, 255, 0], "PREEMPTED", "--retries", "2"
+  )
+  assert out.returncode == 0, out.stderr
+  runs = ["create", "scp", "ssh", "ssh", "describe", "delete"]
+  assert calls == runs * 2 + runs[:5] + ["delete"]
+  assert "relaunch 2 of 2" in out.stdout
+
+
+@pytest.mark.parametrize(
+  "statuses,state,want",
+  [
+    ([1], "READY", 1),  # a failure, not a preemption: no relaunch
+    ([75, 75], "READY", 75),  # retries spent
+  ],
+)
+def test_tpu_retries_stop(tmp_path, statuses, state, want):
+  out, calls = fake_launch(tmp_path, statuses, state, "--retries", "1")
+  assert out.returncode == want
+  assert calls.count("create") == len(statuses)
+
+
+def test_tpu_dry_run_shows_the_relaunch_loop():
+  args = [*TPU, "--spot", "--retries", "3", "--", "--config=x"]
+  out = subprocess.run(
+    ["bash", str(LAUNCH / "tpu.sh"), "--dry-run", *args],
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  create = [line for line in out.stdout.splitlines() if " create " in line]
+  assert len(create) == 1 and create[0].endswith("--spot")
+  loop = [line for line in out.stdout.splitlines() if "at most 3" in line]
+  assert len(loop) == 1 and "75" in loop[0] and "describe n " in loop[0]
+
+
 def test_gpu_dry_run_one_process_per_gpu():
   (cmd,) = dry_run(
     "gpu.sh",
@@ -106,6 +191,8 @@ def test_gpu_dry_run_one_process_per_gpu():
     ("tpu.sh", ["--name", "n", "--zone", "z", "--type", "t"], "after --"),
     ("gpu.sh", ["--nodes", "0", "--gpus-per-node", "8", "--", "x"], "positive"),
     ("tpu.sh", ["--bogus"], "unknown option"),
+    ("tpu.sh", [*TPU, "--retries", "2", "--", "x"], "needs --spot"),
+    ("tpu.sh", [*TPU, "--spot", "--retries", "a", "--", "x"], "a count"),
   ],
 )
 def test_bad_arguments_are_named(script, args, message):
