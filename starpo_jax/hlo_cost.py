@@ -653,8 +653,9 @@ class _Walker:
     return sum(sizes) - sizes[buffer] + written
 
   def _sliced_reads(self, inst: Instruction) -> dict[int, float]:
-    """A fusion's operands that it only slices: operand index -> the
-    bytes its slices read."""
+    """A fusion's operands that it only slices (directly, or through a
+    fusion nested in it that only slices them): operand index -> the bytes
+    its slices read."""
     called = _called(inst, "calls")
     if len(called) != 1:
       return {}
@@ -663,11 +664,19 @@ class _Walker:
     for p in fused.instructions:
       if p.opcode != "parameter":
         continue
-      users = fused.users.get(p.name, [])
-      if users and all(
-        u.opcode in _SLICING and u.operands[0] == p.name for u in users
-      ):
-        out[int(p.args)] = sum(hbm_bytes(u.type) for u in users)
+      read = 0.0
+      for u in fused.users.get(p.name, []):
+        if u.opcode in _SLICING and u.operands[0] == p.name:
+          read += hbm_bytes(u.type)
+          continue
+        nested = self._sliced_reads(u) if u.opcode == "fusion" else {}
+        at = [k for k, o in enumerate(u.operands) if o == p.name]
+        if not at or any(k not in nested for k in at):
+          break
+        read += sum(nested[k] for k in at)
+      else:
+        if fused.users.get(p.name):
+          out[int(p.args)] = read
     return out
 
   def _in_place(
