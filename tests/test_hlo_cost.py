@@ -258,21 +258,21 @@ def test_an_operand_sliced_inside_a_nested_fusion_reads_the_slice():
   # XLA's TPU decode step passes all layers' stacked weights into a fusion
   # whose nested fusion slices out one layer: one row is read, not eight.
   text = """HloModule m
-%inner (p0: f32[8,256]) -> f32[1,256] {
-  %p0 = f32[8,256]{1,0} parameter(0)
+%inner (a: f32[8,64]) -> f32[1,64] {
+  %a = f32[8,64]{1,0} parameter(0)
   %c = s32[] constant(2)
   %z = s32[] constant(0)
-  ROOT %ds = f32[1,256]{1,0} dynamic-slice(%p0, %c, %z), dynamic_slice_sizes={1,256}
+  ROOT %d = f32[1,64]{1,0} dynamic-slice(%a, %c, %z), dynamic_slice_sizes={1,64}
 }
-%outer (q0: f32[8,256]) -> f32[1,256] {
-  %q0 = f32[8,256]{1,0} parameter(0)
-  %f = f32[1,256]{1,0} fusion(%q0), kind=kLoop, calls=%inner
-  ROOT %n = f32[1,256]{1,0} negate(%f)
+%outer (q: f32[8,64]) -> f32[1,64] {
+  %q = f32[8,64]{1,0} parameter(0)
+  %f = f32[1,64]{1,0} fusion(%q), kind=kLoop, calls=%inner
+  ROOT %n = f32[1,64]{1,0} negate(%f)
 }
-ENTRY %main (x: f32[8,256]) -> f32[1,256] {
-  %x = f32[8,256]{1,0} parameter(0)
-  ROOT %o = f32[1,256]{1,0} fusion(%x), kind=kLoop, calls=%outer
+ENTRY %main (x: f32[8,64]) -> f32[1,64] {
+  %x = f32[8,64]{1,0} parameter(0)
+  ROOT %o = f32[1,64]{1,0} fusion(%x), kind=kLoop, calls=%outer
 }
 """
   cost = hlo_cost.program_cost(text)
-  assert cost.total_bytes == 1024 + 1024
+  assert cost.total_bytes == 256 + 256
