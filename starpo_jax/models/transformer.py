@@ -26,8 +26,21 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from starpo_jax.models import attention
+from starpo_jax.models import attention, lora
 from starpo_jax.models import logical as ax
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """Low-rank adapters on each layer's projections (``lora.py``).
+
+  ``targets`` is a regular expression over a layer's modules: ``attn``
+  (the q, k, v and o projections) and ``mlp`` (gate, up, down).
+  """
+
+  rank: int
+  alpha: float
+  targets: str = "attn|mlp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +93,9 @@ class ModelConfig:
   param_dtype: str = "float32"
   bos_token_id: int | None = None
   eos_token_id: int | None = None
+  # Trainable low-rank adapters over frozen weights (``lora.py``); None:
+  # none.
+  lora: LoraConfig | None = None
 
   def replace(self, **kwargs: Any) -> ModelConfig:
     return dataclasses.replace(self, **kwargs)
@@ -276,6 +292,8 @@ def validate(cfg: ModelConfig) -> ModelConfig:
       f"model: rope_scaling kind {cfg.rope_scaling.kind!r} is not supported; "
       "expected 'linear' or 'llama3'"
     )
+  if cfg.lora is not None:
+    lora.validate(cfg)
   return cfg
 
 
@@ -491,7 +509,10 @@ class Transformer(nnx.Module):
       transform_metadata={nnx.PARTITION_NAME: ax.LAYERS},
     )
     def make_layers(rngs: nnx.Rngs) -> Block:
-      return Block(cfg, rngs)
+      block = Block(cfg, rngs)
+      if cfg.lora is None:
+        return block
+      return lora.adapt(block, cfg, inverse_frequencies(cfg), rngs)
 
     self.layers = make_layers(rngs)
     self.final_norm = RMSNorm(cfg, rngs)
