@@ -117,3 +117,35 @@ def test_a_compute_dtype_other_than_the_weights_is_refused():
     ValueError, match="param_dtype='float32', dtype='bfloat16'"
   ):
     T.create(cfg)
+
+
+def test_adapters_shard_like_their_weights():
+  # Logical axes -> a (4-way fsdp, 2-way tensor) mesh's specs: A splits
+  # its input axis as the weight does, B its output axis; rank unsharded.
+  from types import SimpleNamespace
+
+  from configs import common
+  from starpo_jax import sharding
+
+  cfg = CFG.replace(lora=T.LoraConfig(rank=4, alpha=8.0))
+  with nnx.use_eager_sharding(False):
+    model = nnx.eval_shape(lambda: T.Transformer(cfg, nnx.Rngs(0)))
+  abstract = nnx.state(model)
+  names = nnx.get_partition_spec(abstract)
+  mesh = SimpleNamespace(shape={"data": 1, "fsdp": 4, "tensor": 2})
+  rules = common.base_config().logical_axis_rules
+
+  def of(module, name):
+    leaf = abstract["layers"][module][name]
+    return sharding.spec(
+      tuple(names["layers"][module][name]), leaf.shape, mesh, rules
+    )
+
+  assert of("mlp", "gate") == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+  assert of("mlp", "gate_lora_a") == jax.sharding.PartitionSpec(
+    None, "fsdp", None
+  )
+  assert of("mlp", "gate_lora_b") == jax.sharding.PartitionSpec(
+    None, None, "tensor"
+  )
+  assert of("attn", "o_lora_a")[1:3] == of("attn", "o")[1:3]
