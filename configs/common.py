@@ -77,6 +77,15 @@ def base_config() -> ml_collections.ConfigDict:
   # The training attention kernel: "auto" (the platform's fused one),
   # "blockwise", "cudnn" (GPU, bfloat16), "splash" (TPU) or "xla".
   c.model.attention = "auto"
+  # LoRA (starpo_jax/models/lora.py): rank > 0 trains only low-rank
+  # adapters on each layer's projections, the weights frozen (and the
+  # reference policy: adapters off); `targets` is a regular expression over
+  # a layer's modules, "attn" (q, k, v, o) and "mlp" (gate, up, down). The
+  # critic, where used, stays a full model.
+  c.model.lora = ml_collections.ConfigDict()
+  c.model.lora.rank = 0
+  c.model.lora.alpha = 16.0
+  c.model.lora.targets = "attn|mlp"
   # The tiny model's shape, when model.preset is "tiny".
   c.model.hidden_size = 128
   c.model.num_layers = 2

@@ -115,6 +115,29 @@ class Learner:
   policy_tx: optax.GradientTransformation
   critic_def: Any = None  # None without a critic
   critic_tx: optax.GradientTransformation | None = None
+  # Whether the policy trains only its LoRA adapters (models/lora.py) over
+  # frozen weights, which are then also the reference.
+  adapters: bool = False
+
+
+def trainable(learner: Learner, params: Any) -> tuple[Any, Any]:
+  """The policy's state split into what the optimizer updates and what
+  stays frozen: (adapters, weights) with adapters, else (all, None)."""
+  if not learner.adapters:
+    return params, None
+  return params.split(nnx.LoRAParam, ...)
+
+
+def joined(part: Any, frozen: Any) -> Any:
+  """``trainable``'s two parts as the policy's state again."""
+  return part if frozen is None else nnx.merge_state(part, frozen)
+
+
+def frozen_base(params: Any) -> Any:
+  """An adapted policy's state with its adapters at zero: the frozen
+  weights' model, exactly (B = 0 adds nothing), without a copy of them."""
+  adapters, weights = params.split(nnx.LoRAParam, ...)
+  return nnx.merge_state(jax.tree.map(jnp.zeros_like, adapters), weights)
 
 
 @struct.dataclass
@@ -356,7 +379,10 @@ def score_models(
   positions, mask = scored.positions, scored.mask
   ref_logp, rewards, values = scored.ref_logp, scored.rewards, scored.values
   if algo.uses_reference:
-    reference = nnx.merge(learner.policy_def, state.reference)
+    reference = nnx.merge(
+      learner.policy_def,
+      frozen_base(state.policy) if learner.adapters else state.reference,
+    )
     ref_logp, _ = sequence_logprobs(
       reference,
       tokens,
@@ -727,7 +753,7 @@ def update(
         learner.policy_tx,
         grads(
           lambda p, b: policy_objective(
-            p, learner.policy_def, b, algo, temperature, allowed
+            joined(p, frozen), learner.policy_def, b, algo, temperature, allowed
           )
         ),
         params,
@@ -751,16 +777,22 @@ def update(
       parts = minibatches(batch.replace(tokens=tokens), keep, size, k, episodes)
       return jax.lax.scan(train_minibatch, carry, parts)
 
-    carry = (state.policy, state.policy_opt, state.critic, state.critic_opt)
+    carry = (part, state.policy_opt, state.critic, state.critic_opt)
     return jax.lax.scan(epoch, carry, jax.random.split(key, algo.epochs))
 
+  # With adapters only they are differentiated and updated; the frozen
+  # weights are closed over.
+  part, frozen = trainable(learner, state.policy)
   needed = needed_length(batch.mask, batch.positions)
   with jax.named_scope("update"):
     out, length = at_length(lengths, needed, at, batch.tokens)
   (params, opt, c_params, c_opt), stats = out
   stats["length"] = jnp.broadcast_to(length, stats["live"].shape)
   new_state = state.replace(
-    policy=params, policy_opt=opt, critic=c_params, critic_opt=c_opt
+    policy=joined(params, frozen),
+    policy_opt=opt,
+    critic=c_params,
+    critic_opt=c_opt,
   )
   return new_state, stats
 
@@ -833,15 +865,17 @@ def gradient_split(
     per_minibatch, length, algo.micro_batch_tokens
   )
 
+  part, frozen = trainable(learner, state.policy)
+
   def norm(args):
     w, mask = args
     objective = lambda p, mb: term_objective(
-      p, learner.policy_def, mb, algo, temperature, allowed, w
+      joined(p, frozen), learner.policy_def, mb, algo, temperature, allowed, w
     )
     grad_fn = batch_gradients(
       objective, batch.replace(mask=mask), micro, algo.loss_agg
     )
-    return optax.tree.norm(grad_fn(state.policy)[1])
+    return optax.tree.norm(grad_fn(part)[1])
 
   norms = jax.lax.map(norm, (jnp.asarray(weights), jnp.stack(masks)))
   out = {f"grads/{name}": norms[i] for i, name in enumerate(TERMS)}

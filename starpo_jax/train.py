@@ -38,9 +38,15 @@ from starpo_jax import (
   text,
 )
 from starpo_jax import logging as log_lib
-from starpo_jax.models import hf, transformer
+from starpo_jax.models import hf, lora, transformer
 from starpo_jax.models import tokenizer as tokenizer_lib
-from starpo_jax.step import AlgoConfig, Learner, TrainState, make_step
+from starpo_jax.step import (
+  AlgoConfig,
+  Learner,
+  TrainState,
+  make_step,
+  trainable,
+)
 
 # The run's config, as JSON, in its workdir.
 CONFIG_FILE = "config.json"
@@ -126,6 +132,12 @@ def build(
     config.model, [env, *eval_envs.values()], settings, shapes_only
   )
   model_cfg = _model_config(config.model, tok)
+  if model_cfg.lora is not None and sft_cfg.steps:
+    raise ConfigError(
+      "config.model.lora: the warm start (config.sft.steps) trains the "
+      "whole model; run it without adapters, then start the LoRA run from "
+      "it with config.train.init_from"
+    )
   codec = text.Codec.build(tok, env.spec, settings, model_cfg.vocab_size)
   eval_codecs = {
     name: text.Codec.build(tok, e.spec, settings, model_cfg.vocab_size)
@@ -232,6 +244,12 @@ def _model_config(
       dtype=m.dtype, param_dtype=m.param_dtype
     )
   model_cfg = model_cfg.replace(remat=m.remat, attention=m.attention)
+  if m.lora.rank:
+    model_cfg = model_cfg.replace(
+      lora=transformer.LoraConfig(
+        rank=m.lora.rank, alpha=m.lora.alpha, targets=m.lora.targets
+      )
+    )
   try:
     model_cfg = transformer.validate(model_cfg)
   except ValueError as e:
@@ -261,10 +279,17 @@ def optimizer(
   )
 
 
+def _model(setup: Setup, value_head: bool) -> transformer.ModelConfig:
+  """The policy's model, or the critic's: a value head and no adapters."""
+  if value_head:
+    return setup.model_cfg.replace(value_head=True, lora=None)
+  return setup.model_cfg
+
+
 def _abstract_model(setup: Setup, value_head: bool):
   """A model's graph definition, abstract parameters and their shardings
   over ``setup.mesh`` (nothing allocated)."""
-  cfg = setup.model_cfg.replace(value_head=value_head)
+  cfg = _model(setup, value_head)
   with nnx.use_eager_sharding(False):
     model = nnx.eval_shape(lambda: transformer.Transformer(cfg, nnx.Rngs(0)))
   graphdef, abstract = nnx.split(model)
@@ -286,6 +311,7 @@ def make_learner(setup: Setup) -> Learner:
     policy_tx=optimizer(o.lr, o.warmup_steps, o),
     critic_def=critic_def,
     critic_tx=critic_tx,
+    adapters=setup.model_cfg.lora is not None,
   )
 
 
@@ -308,7 +334,7 @@ def _parameters(setup: Setup, value_head: bool, seed: int):
       shardings=shardings,
     )
     return nnx.split(model)[1]
-  cfg = setup.model_cfg.replace(value_head=value_head)
+  cfg = _model(setup, value_head)
   create = jax.jit(
     lambda: nnx.split(transformer.create(cfg, seed=seed))[1],
     out_shardings=shardings,
@@ -339,6 +365,11 @@ def optimizer_state(tx, params, mesh):
   return jax.jit(tx.init, out_shardings=shardings)(params)
 
 
+def policy_optimizer_state(learner: Learner, policy: Any, mesh):
+  """The policy's optimizer state: of its adapters only, with them."""
+  return optimizer_state(learner.policy_tx, trainable(learner, policy)[0], mesh)
+
+
 def init_state(setup: Setup, learner: Learner) -> TrainState:
   """A fresh train state, parameters and optimizer moments sharded."""
   seed = setup.config.seed
@@ -360,11 +391,14 @@ def init_state(setup: Setup, learner: Learner) -> TrainState:
   return TrainState(
     step=step,
     policy=policy,
-    policy_opt=optimizer_state(learner.policy_tx, policy, setup.mesh),
+    policy_opt=policy_optimizer_state(learner, policy, setup.mesh),
     critic=critic,
     critic_opt=critic_opt,
+    # With adapters the frozen weights are the reference: no copy.
     reference=(
-      jax.tree.map(jnp.copy, policy) if setup.algo.uses_reference else None
+      jax.tree.map(jnp.copy, policy)
+      if setup.algo.uses_reference and not learner.adapters
+      else None
     ),
     key=key,
     nonfinite=nonfinite,
@@ -384,7 +418,11 @@ def abstract_state(setup: Setup, learner: Learner) -> TrainState:
   def model_and_opt(value_head, tx):
     _, abstract, shardings = _abstract_model(setup, value_head)
     params = place(abstract, shardings)
-    return params, place(*_optimizer_shardings(tx, params, shardings, mesh))
+    if value_head or not learner.adapters:
+      return params, place(*_optimizer_shardings(tx, params, shardings, mesh))
+    part, _ = trainable(learner, params)
+    part_shardings, _ = trainable(learner, shardings)
+    return params, place(*_optimizer_shardings(tx, part, part_shardings, mesh))
 
   policy, policy_opt = model_and_opt(False, learner.policy_tx)
   critic = critic_opt = None
@@ -399,7 +437,9 @@ def abstract_state(setup: Setup, learner: Learner) -> TrainState:
     policy_opt=policy_opt,
     critic=critic,
     critic_opt=critic_opt,
-    reference=policy if setup.algo.uses_reference else None,
+    reference=(
+      policy if setup.algo.uses_reference and not learner.adapters else None
+    ),
     key=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=everywhere),
     nonfinite=scalar,
   )
@@ -591,10 +631,15 @@ class _Run:
 
 
 def load_policy(
-  setup: Setup, source: str, step: int | None = None, what: str = "policy"
+  setup: Setup,
+  source: str,
+  step: int | None = None,
+  what: str = "policy",
+  weights_only: bool = False,
 ) -> tuple[int, nnx.State]:
   """The policy of the checkpoint at ``step`` (default: the latest) of the
-  run in ``source``, placed on this setup's shardings.
+  run in ``source``, placed on this setup's shardings; ``weights_only``:
+  the weights of this setup's adapted policy, from a run without adapters.
 
   Raises:
     ConfigError: no checkpoint there, or a policy of another shape
@@ -605,6 +650,11 @@ def load_policy(
   except FileNotFoundError as e:
     raise ConfigError(f"{what}: {e}") from None
   _, abstract, shardings = _abstract_model(setup, False)
+  if weights_only:
+    abstract, shardings = (
+      abstract.filter(lora.WEIGHTS),
+      shardings.filter(lora.WEIGHTS),
+    )
   template = nnx.to_pure_dict(abstract)
   shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)
   if shapes(pure) != shapes(template):
@@ -625,7 +675,13 @@ def load_policy(
 def policy_from(state: TrainState, setup: Setup, source: str) -> TrainState:
   """``state`` with the policy (and reference) of the latest checkpoint of
   the run in ``source``, placed with ``state``'s shardings."""
-  _, policy = load_policy(setup, source, what="config.train.init_from")
+  what = "config.train.init_from"
+  if setup.model_cfg.lora is not None:
+    # The run's own (new) adapters on the weights found there.
+    _, weights = load_policy(setup, source, what=what, weights_only=True)
+    adapters, _ = state.policy.split(nnx.LoRAParam, ...)
+    return state.replace(policy=nnx.merge_state(adapters, weights))
+  _, policy = load_policy(setup, source, what=what)
   reference = policy if state.reference is not None else None
   return state.replace(policy=policy, reference=reference)
 
@@ -721,7 +777,7 @@ def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
     if step == r.sft_steps:
       # RL starts from the warm-started policy with fresh optimizer moments.
       state = state.replace(
-        policy_opt=optimizer_state(learner.policy_tx, state.policy, setup.mesh)
+        policy_opt=policy_optimizer_state(learner, state.policy, setup.mesh)
       )
     evaluating = r.evaluating(step)
     watching = setup.stop_cfg.enabled and phase == "rl"

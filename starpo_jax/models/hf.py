@@ -27,7 +27,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from starpo_jax.models import transformer
+from starpo_jax.models import lora, transformer
 from starpo_jax.models.transformer import ModelConfig, RopeScaling, Transformer
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
@@ -496,7 +496,8 @@ def save(
   dtype: str | None = None,
   max_shard_bytes: int = DEFAULT_SHARD_BYTES,
 ) -> None:
-  """Writes ``model`` as a Hugging Face directory (the value head excluded).
+  """Writes ``model`` as a Hugging Face directory (the value head excluded;
+  LoRA adapters folded into the weights they adapt, ``lora.merged``).
 
   Args:
     model: the model to export.
@@ -516,7 +517,10 @@ def save(
   os.makedirs(path, exist_ok=True)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(config_to_hf(cfg, dtype), f, indent=2)
-  flat = dict(nnx.to_flat_state(nnx.state(model)))
+  state = nnx.state(model, lora.WEIGHTS)
+  if cfg.lora is not None:
+    nnx.replace_by_pure_dict(state, lora.merged(model))
+  flat = dict(nnx.to_flat_state(state))
   tensors: list[tuple[str, _Entry, int | None]] = []
   for entry in _layout(cfg):
     for i, name in enumerate(entry.names(cfg.num_layers)):

@@ -149,3 +149,30 @@ def test_adapters_shard_like_their_weights():
     None, None, "tensor"
   )
   assert of("attn", "o_lora_a")[1:3] == of("attn", "o")[1:3]
+
+
+def test_an_adapted_model_exports_its_merged_weights(qwen2_dir, tmp_path):
+  # The Hugging Face export of an adapted model holds W + (alpha/r) A B:
+  # transformers gives the adapted model's logits.
+  from starpo_jax.models import hf
+  from tests.models.conftest import VOCAB, torch_logits
+
+  base = hf.load(qwen2_dir)
+  cfg = base.cfg.replace(lora=T.LoraConfig(rank=2, alpha=4.0))
+  model = T.create(cfg, seed=1)
+  nnx.update(model, nnx.state(base, lora.WEIGHTS))
+  adapters = nnx.state(model, nnx.LoRAParam)
+  key = iter(jax.random.split(jax.random.key(3), 64))
+  nnx.update(
+    model,
+    jax.tree.map(
+      lambda x: 0.2 * jax.random.normal(next(key), x.shape), adapters
+    ),
+  )
+  hf.save(model, str(tmp_path))
+  tokens = np.arange(24).reshape(2, 12) % VOCAB
+  ours = np.asarray(model(jnp.asarray(tokens))[0])
+  assert np.abs(ours - np.asarray(base(jnp.asarray(tokens))[0])).max() > 1e-2
+  np.testing.assert_allclose(
+    torch_logits(str(tmp_path), tokens), ours, atol=1e-4
+  )
