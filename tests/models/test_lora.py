@@ -35,6 +35,14 @@ def adapted(targets="attn|mlp", rank=4, alpha=8.0):
   return base, model
 
 
+def perturb(model, seed: int, scale: float) -> None:
+  """Random adapters (new ones, B = 0, change nothing)."""
+  adapters = nnx.state(model, nnx.LoRAParam)
+  key = iter(jax.random.split(jax.random.key(seed), 64))
+  noise = lambda x: scale * jax.random.normal(next(key), x.shape)
+  nnx.update(model, jax.tree.map(noise, adapters))
+
+
 def test_new_adapters_change_nothing_and_sit_on_every_projection():
   base, model = adapted()
   np.testing.assert_array_equal(model(TOKENS)[0], base(TOKENS)[0])
@@ -64,14 +72,7 @@ def test_new_adapters_change_nothing_and_sit_on_every_projection():
 
 def test_adapted_logits_equal_the_merged_plain_model():
   base, model = adapted(alpha=6.0)
-  adapters = nnx.state(model, nnx.LoRAParam)
-  key = iter(jax.random.split(jax.random.key(0), 64))
-  nnx.update(
-    model,
-    jax.tree.map(
-      lambda x: 0.3 * jax.random.normal(next(key), x.shape), adapters
-    ),
-  )
+  perturb(model, seed=0, scale=0.3)
   plain = T.create(CFG, seed=3)
   weights = nnx.state(plain)
   nnx.replace_by_pure_dict(weights, lora.merged(model))
@@ -161,14 +162,7 @@ def test_an_adapted_model_exports_its_merged_weights(qwen2_dir, tmp_path):
   cfg = base.cfg.replace(lora=T.LoraConfig(rank=2, alpha=4.0))
   model = T.create(cfg, seed=1)
   nnx.update(model, nnx.state(base, lora.WEIGHTS))
-  adapters = nnx.state(model, nnx.LoRAParam)
-  key = iter(jax.random.split(jax.random.key(3), 64))
-  nnx.update(
-    model,
-    jax.tree.map(
-      lambda x: 0.2 * jax.random.normal(next(key), x.shape), adapters
-    ),
-  )
+  perturb(model, seed=3, scale=0.2)
   hf.save(model, str(tmp_path))
   tokens = np.arange(24).reshape(2, 12) % VOCAB
   ours = np.asarray(model(jnp.asarray(tokens))[0])
