@@ -738,6 +738,12 @@ def update(
   episodes = episodes or b
   size = episodes // algo.minibatches
   lengths = bucket_lengths(context, algo.length_buckets)
+  # With adapters only they are differentiated and updated; the frozen
+  # weights are closed over.
+  part, frozen = trainable(learner, state.policy)
+  policy_loss = lambda p, b: policy_objective(
+    joined(p, frozen), learner.policy_def, b, algo, temperature, allowed
+  )
 
   def at(tokens: jax.Array):
     micro = micro_batches(size, tokens.shape[1], algo.micro_batch_tokens)
@@ -750,15 +756,7 @@ def update(
         objective, mb, micro, algo.loss_agg
       )
       params, opt, stats, finite = apply_gradients(
-        learner.policy_tx,
-        grads(
-          lambda p, b: policy_objective(
-            joined(p, frozen), learner.policy_def, b, algo, temperature, allowed
-          )
-        ),
-        params,
-        opt,
-        live,
+        learner.policy_tx, grads(policy_loss), params, opt, live
       )
       if algo.uses_critic:
         c_params, c_opt, c_stats, c_finite = apply_gradients(
@@ -780,21 +778,15 @@ def update(
     carry = (part, state.policy_opt, state.critic, state.critic_opt)
     return jax.lax.scan(epoch, carry, jax.random.split(key, algo.epochs))
 
-  # With adapters only they are differentiated and updated; the frozen
-  # weights are closed over.
-  part, frozen = trainable(learner, state.policy)
   needed = needed_length(batch.mask, batch.positions)
   with jax.named_scope("update"):
     out, length = at_length(lengths, needed, at, batch.tokens)
   (params, opt, c_params, c_opt), stats = out
   stats["length"] = jnp.broadcast_to(length, stats["live"].shape)
-  new_state = state.replace(
-    policy=joined(params, frozen),
-    policy_opt=opt,
-    critic=c_params,
-    critic_opt=c_opt,
-  )
-  return new_state, stats
+  policy = joined(params, frozen)
+  return state.replace(
+    policy=policy, policy_opt=opt, critic=c_params, critic_opt=c_opt
+  ), stats
 
 
 # ---------------------------------------------------------------------------
