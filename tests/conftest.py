@@ -12,6 +12,10 @@ import os
 # Tests run on the CPU. libtpu (a test dependency, for compiling to TPU
 # topologies) would otherwise probe for TPU chips in every process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Compiling for a TPU topology touches no chip, but libtpu takes a lock
+# file per process: two workers (or a worker and its subprocess) would
+# otherwise refuse each other.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 LONGEST_FIRST = (
   "tests/test_sharding.py",
