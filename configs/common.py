@@ -81,11 +81,14 @@ def base_config() -> ml_collections.ConfigDict:
   # adapters on each layer's projections, the weights frozen (and the
   # reference policy: adapters off); `targets` is a regular expression over
   # a layer's modules, "attn" (q, k, v, o) and "mlp" (gate, up, down). The
-  # critic, where used, stays a full model.
+  # critic, where used: "adapters" (its own adapters and value head on the
+  # policy's frozen weights: no second model, nor its optimizer moments)
+  # or "full" (a whole model of its own, trained whole).
   c.model.lora = ml_collections.ConfigDict()
   c.model.lora.rank = 0
   c.model.lora.alpha = 16.0
   c.model.lora.targets = "attn|mlp"
+  c.model.lora.critic = "adapters"
   # The tiny model's shape, when model.preset is "tiny".
   c.model.hidden_size = 128
   c.model.num_layers = 2

@@ -118,6 +118,15 @@ class Learner:
   # Whether the policy trains only its LoRA adapters (models/lora.py) over
   # frozen weights, which are then also the reference.
   adapters: bool = False
+  # Whether the critic is adapters and a value head on the policy's frozen
+  # weights (its state holds only ``CRITIC_OWN``), not a model of its own.
+  critic_shares_base: bool = False
+
+
+# What a critic that shares the policy's frozen weights holds of its own.
+CRITIC_OWN = nnx.Any(
+  nnx.LoRAParam, nnx.PathContains("value_w"), nnx.PathContains("value_b")
+)
 
 
 def trainable(learner: Learner, params: Any) -> tuple[Any, Any]:
@@ -131,6 +140,12 @@ def trainable(learner: Learner, params: Any) -> tuple[Any, Any]:
 def joined(part: Any, frozen: Any) -> Any:
   """``trainable``'s two parts as the policy's state again."""
   return part if frozen is None else nnx.merge_state(part, frozen)
+
+
+def critic_base(learner: Learner, policy: Any) -> Any:
+  """The frozen weights the critic runs on beside its own state: the
+  policy's, when it shares them, else None."""
+  return trainable(learner, policy)[1] if learner.critic_shares_base else None
 
 
 def frozen_base(params: Any) -> Any:
@@ -396,7 +411,10 @@ def score_models(
   if algo.uses_reference and algo.kl_in_reward:
     rewards = rewards - algo.kl_coef * kl
   if algo.uses_critic:
-    critic = nnx.merge(learner.critic_def, state.critic)
+    critic = nnx.merge(
+      learner.critic_def,
+      joined(state.critic, critic_base(learner, state.policy)),
+    )
     values = sequence_values(critic, tokens, positions)
     values = jax.lax.stop_gradient(values) * mask
   return scored.replace(
@@ -709,6 +727,27 @@ def minibatches(
   )
 
 
+def _losses(
+  learner: Learner,
+  state: TrainState,
+  algo: AlgoConfig,
+  temperature: float,
+  allowed: jax.Array | None,
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+  """The policy's and the critic's objectives of (what they train, a
+  minibatch). With adapters only they are differentiated; the frozen
+  weights are closed over."""
+  frozen = trainable(learner, state.policy)[1]
+  shared = critic_base(learner, state.policy)
+  policy_loss = lambda p, b: policy_objective(
+    joined(p, frozen), learner.policy_def, b, algo, temperature, allowed
+  )
+  critic_loss = lambda p, b: critic_objective(
+    joined(p, shared), learner.critic_def, b, algo
+  )
+  return policy_loss, critic_loss
+
+
 def update(
   learner: Learner,
   state: TrainState,
@@ -738,12 +777,8 @@ def update(
   episodes = episodes or b
   size = episodes // algo.minibatches
   lengths = bucket_lengths(context, algo.length_buckets)
-  # With adapters only they are differentiated and updated; the frozen
-  # weights are closed over.
   part, frozen = trainable(learner, state.policy)
-  policy_loss = lambda p, b: policy_objective(
-    joined(p, frozen), learner.policy_def, b, algo, temperature, allowed
-  )
+  policy_loss, critic_loss = _losses(learner, state, algo, temperature, allowed)
 
   def at(tokens: jax.Array):
     micro = micro_batches(size, tokens.shape[1], algo.micro_batch_tokens)
@@ -761,7 +796,7 @@ def update(
       if algo.uses_critic:
         c_params, c_opt, c_stats, c_finite = apply_gradients(
           learner.critic_tx,
-          grads(lambda p, b: critic_objective(p, learner.critic_def, b, algo)),
+          grads(critic_loss),
           c_params,
           c_opt,
           live,

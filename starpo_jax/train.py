@@ -41,6 +41,7 @@ from starpo_jax import logging as log_lib
 from starpo_jax.models import hf, lora, transformer
 from starpo_jax.models import tokenizer as tokenizer_lib
 from starpo_jax.step import (
+  CRITIC_OWN,
   AlgoConfig,
   Learner,
   TrainState,
@@ -50,6 +51,13 @@ from starpo_jax.step import (
 
 # The run's config, as JSON, in its workdir.
 CONFIG_FILE = "config.json"
+# The settings that name files a run reads (its config.json holds them
+# absolute: the run can be evaluated from another directory).
+PATHS = (
+  ("model", "ckpt"),
+  ("model", "tokenizer"),
+  ("train", "init_from"),
+)
 
 
 class ConfigError(ValueError):
@@ -96,6 +104,21 @@ def _dataclass_from(cls, section: ml_collections.ConfigDict, name: str):
     raise ConfigError(f"config.{name}: {e}") from None
 
 
+def _check_lora(config, model_cfg, sft_cfg) -> None:
+  """Raises ConfigError for LoRA settings the trainer cannot run."""
+  if config.model.lora.critic not in ("adapters", "full"):
+    raise ConfigError(
+      f"config.model.lora.critic={config.model.lora.critic!r}; expected "
+      "'adapters' or 'full'"
+    )
+  if model_cfg.lora is not None and sft_cfg.steps:
+    raise ConfigError(
+      "config.model.lora: the warm start (config.sft.steps) trains the "
+      "whole model; run it without adapters, then start the LoRA run from "
+      "it with config.train.init_from"
+    )
+
+
 def build(
   config: ml_collections.ConfigDict,
   shapes_only: bool = False,
@@ -132,12 +155,7 @@ def build(
     config.model, [env, *eval_envs.values()], settings, shapes_only
   )
   model_cfg = _model_config(config.model, tok)
-  if model_cfg.lora is not None and sft_cfg.steps:
-    raise ConfigError(
-      "config.model.lora: the warm start (config.sft.steps) trains the "
-      "whole model; run it without adapters, then start the LoRA run from "
-      "it with config.train.init_from"
-    )
+  _check_lora(config, model_cfg, sft_cfg)
   codec = text.Codec.build(tok, env.spec, settings, model_cfg.vocab_size)
   eval_codecs = {
     name: text.Codec.build(tok, e.spec, settings, model_cfg.vocab_size)
@@ -280,10 +298,17 @@ def optimizer(
 
 
 def _model(setup: Setup, value_head: bool) -> transformer.ModelConfig:
-  """The policy's model, or the critic's: a value head and no adapters."""
-  if value_head:
-    return setup.model_cfg.replace(value_head=True, lora=None)
-  return setup.model_cfg
+  """The policy's model, or the critic's: a value head, and the policy's
+  adapters where it shares the policy's frozen weights."""
+  if not value_head:
+    return setup.model_cfg
+  shares = setup.config.model.lora.critic == "adapters"
+  lora_cfg = setup.model_cfg.lora if shares else None
+  return setup.model_cfg.replace(value_head=True, lora=lora_cfg)
+
+
+def _critic_shares_base(setup: Setup) -> bool:
+  return setup.algo.uses_critic and _model(setup, True).lora is not None
 
 
 def _abstract_model(setup: Setup, value_head: bool):
@@ -311,6 +336,7 @@ def make_learner(setup: Setup) -> Learner:
     policy_tx=optimizer(o.lr, o.warmup_steps, o),
     critic_def=critic_def,
     critic_tx=critic_tx,
+    critic_shares_base=_critic_shares_base(setup),
     adapters=setup.model_cfg.lora is not None,
   )
 
@@ -322,10 +348,15 @@ def sft_optimizer(setup: Setup) -> optax.GradientTransformation:
 
 def _parameters(setup: Setup, value_head: bool, seed: int):
   """A model's parameters, created (or loaded) already sharded over
-  ``setup.mesh`` (no full copy on one device)."""
+  ``setup.mesh`` (no full copy on one device). A critic that shares the
+  policy's weights: its adapters and value head only (both created: a
+  Hugging Face checkpoint has neither)."""
   m = setup.config.model
   _, _, shardings = _abstract_model(setup, value_head)
-  if m.ckpt:
+  own = value_head and _critic_shares_base(setup)
+  if own:
+    shardings = shardings.filter(CRITIC_OWN)
+  if m.ckpt and not own:
     model = hf.load(
       m.ckpt,
       dtype=m.dtype,
@@ -335,11 +366,13 @@ def _parameters(setup: Setup, value_head: bool, seed: int):
     )
     return nnx.split(model)[1]
   cfg = _model(setup, value_head)
-  create = jax.jit(
-    lambda: nnx.split(transformer.create(cfg, seed=seed))[1],
-    out_shardings=shardings,
-  )
-  return create()
+
+  def create():
+    params = nnx.split(transformer.create(cfg, seed=seed))[1]
+    # The weights not returned are never computed.
+    return params.filter(CRITIC_OWN) if own else params
+
+  return jax.jit(create, out_shardings=shardings)()
 
 
 def _optimizer_shardings(tx, params, param_shardings, mesh):
@@ -417,6 +450,11 @@ def abstract_state(setup: Setup, learner: Learner) -> TrainState:
 
   def model_and_opt(value_head, tx):
     _, abstract, shardings = _abstract_model(setup, value_head)
+    if value_head and learner.critic_shares_base:
+      abstract, shardings = (
+        abstract.filter(CRITIC_OWN),
+        shardings.filter(CRITIC_OWN),
+      )
     params = place(abstract, shardings)
     if value_head or not learner.adapters:
       return params, place(*_optimizer_shardings(tx, params, shardings, mesh))
@@ -547,11 +585,22 @@ class _Run:
     self.profile = log_lib.Profile(c.train.get("profile", ""), workdir)
     self.evaluator = make_evaluator(setup, learner) if self.every else None
     self.evals: dict[int, float] = {}
+    # A LoRA run's frozen weights, as its checkpoints describe them.
+    self.base: dict[str, str] | None = None
     self.preemption = preemption.Preemption()
-    if self.primary:
-      # What `python -m starpo_jax.evaluate --workdir` rebuilds the run from.
-      with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
-        f.write(c.to_json_best_effort(indent=1, sort_keys=True))
+
+  def save_config(self) -> None:
+    """Writes what ``python -m starpo_jax.evaluate --workdir`` rebuilds the
+    run from (once its checkpoint restored: a config that does not fit it
+    replaces nothing), with the paths it reads from absolute."""
+    if not self.primary:
+      return
+    c = self.setup.config.copy_and_resolve_references()
+    for section, key in PATHS:
+      if c[section][key]:
+        c[section][key] = os.path.abspath(c[section][key])
+    with open(os.path.join(self.workdir, CONFIG_FILE), "w") as f:
+      f.write(c.to_json_best_effort(indent=1, sort_keys=True))
 
   @property
   def every(self) -> int:
@@ -638,23 +687,39 @@ def load_policy(
   weights_only: bool = False,
 ) -> tuple[int, nnx.State]:
   """The policy of the checkpoint at ``step`` (default: the latest) of the
-  run in ``source``, placed on this setup's shardings; ``weights_only``:
-  the weights of this setup's adapted policy, from a run without adapters.
+  run in ``source``, placed on this setup's shardings: of a LoRA run, its
+  adapters on its base's weights (rebuilt as that run built them);
+  ``weights_only``: the weights of this setup's adapted policy, from a run
+  without adapters.
 
   Raises:
-    ConfigError: no checkpoint there, or a policy of another shape
-      (``what`` names the setting that pointed there).
+    ConfigError: no checkpoint there, a policy of another shape, or
+      adapters on other weights (``what`` names the setting that pointed
+      there).
   """
   try:
-    step, pure = checkpoint.load_policy(source, step)
+    step, pure, base = checkpoint.load_policy(source, step)
   except FileNotFoundError as e:
     raise ConfigError(f"{what}: {e}") from None
-  _, abstract, shardings = _abstract_model(setup, False)
-  if weights_only:
-    abstract, shardings = (
-      abstract.filter(lora.WEIGHTS),
-      shardings.filter(lora.WEIGHTS),
+  if weights_only and base is not None:
+    raise ConfigError(
+      f"{what}={source!r}: the checkpoint at step {step} holds LoRA "
+      f"adapters (on {base['source']}), not whole weights to adapt"
     )
+  adapted = setup.model_cfg.lora is not None and not weights_only
+  weights = _base_weights(setup) if adapted else None
+  try:
+    checkpoint.check_base(
+      base,
+      base_of(setup, weights) if adapted else None,
+      f"step {step} of {what}={source!r}",
+    )
+  except checkpoint.BaseMismatch as e:
+    raise ConfigError(str(e)) from None
+  _, abstract, shardings = _abstract_model(setup, False)
+  keep = nnx.LoRAParam if adapted else lora.WEIGHTS
+  if adapted or weights_only:
+    abstract, shardings = abstract.filter(keep), shardings.filter(keep)
   template = nnx.to_pure_dict(abstract)
   shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)
   if shapes(pure) != shapes(template):
@@ -669,15 +734,38 @@ def load_policy(
     nnx.to_pure_dict(shardings),
   )
   nnx.replace_by_pure_dict(abstract, placed)
-  return step, abstract
+  return step, nnx.merge_state(abstract, weights) if adapted else abstract
+
+
+def _base_weights(setup: Setup) -> nnx.State:
+  """A LoRA run's frozen weights: the policy of ``train.init_from``'s run,
+  else the model's (loaded from ``model.ckpt``, or created from the seed)."""
+  source = setup.config.train.init_from
+  if source:
+    what = "config.train.init_from"
+    return load_policy(setup, source, what=what, weights_only=True)[1]
+  return _parameters(setup, False, setup.config.seed).filter(lora.WEIGHTS)
+
+
+def base_of(setup: Setup, weights: nnx.State) -> dict[str, str]:
+  """What a LoRA run's checkpoints say of its frozen ``weights``: where
+  they come from and their digest."""
+  c = setup.config
+  if c.train.init_from:
+    source = f"the policy of run {os.path.abspath(c.train.init_from)}"
+  elif c.model.ckpt:
+    source = f"the checkpoint {os.path.abspath(c.model.ckpt)}"
+  else:
+    source = f"the model created from seed {c.seed}"
+  return {"source": source, "digest": checkpoint.digest(weights)}
 
 
 def policy_from(state: TrainState, setup: Setup, source: str) -> TrainState:
   """``state`` with the policy (and reference) of the latest checkpoint of
-  the run in ``source``, placed with ``state``'s shardings."""
+  the run in ``source``, placed with ``state``'s shardings; with adapters,
+  ``state``'s own adapters on the weights found there."""
   what = "config.train.init_from"
   if setup.model_cfg.lora is not None:
-    # The run's own (new) adapters on the weights found there.
     _, weights = load_policy(setup, source, what=what, weights_only=True)
     adapters, _ = state.policy.split(nnx.LoRAParam, ...)
     return state.replace(policy=nnx.merge_state(adapters, weights))
@@ -688,15 +776,24 @@ def policy_from(state: TrainState, setup: Setup, source: str) -> TrainState:
 
 def _restore(run: _Run, state: TrainState) -> TrainState:
   """The workdir's latest checkpoint; else, with ``train.init_from``, a
-  fresh state whose policy comes from that run."""
+  fresh state whose policy comes from that run. A LoRA run's checkpoints
+  hold its adapters: its weights come from that run (or are created) each
+  time, and must be the ones its adapters were trained on."""
   start = run.ckpt.latest_step()
   source = run.setup.config.train.init_from
-  if start is None and source:
-    run.print(f"starting from the policy of {source}")
-    return policy_from(state, run.setup, source)
+  adapters = run.setup.model_cfg.lora is not None
+  if source and (start is None or adapters):
+    if start is None:
+      run.print(f"starting from the policy of {source}")
+    state = policy_from(state, run.setup, source)
+  if adapters:
+    run.base = base_of(run.setup, state.policy.filter(lora.WEIGHTS))
   if start is None:
     return state
-  state = run.ckpt.restore(start, state)
+  try:
+    state = run.ckpt.restore(start, state, run.base)
+  except checkpoint.BaseMismatch as e:
+    raise ConfigError(str(e)) from None
   run.writer.truncate_after(start)
   run.print(f"resumed from step {start} in {run.workdir}")
   return state
@@ -755,6 +852,7 @@ def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
   stop or a preemption."""
   setup, config = r.setup, r.setup.config
   state = _restore(r, init_state(setup, learner))
+  r.save_config()
   # Each phase compiles when it first runs (a resumed run may skip one).
   compilers = {"sft": compile_sft_step, "rl": compile_step}
   compiled = {}
@@ -802,7 +900,7 @@ def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
     # the metrics of the steps run stay as an uninterrupted run logs them.
     preempted = r.preemption.signal if r.preemption.requested(step) else None
     if r.checkpointing(step) or stopped or preempted:
-      r.ckpt.save(step, state)
+      r.ckpt.save(step, state, r.base)
     if stopped:
       r.stop_early(step, stopped)
       break
@@ -860,15 +958,5 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 def final_params(workdir: str, config: ml_collections.ConfigDict) -> Any:
   """The policy parameters of the latest checkpoint (for tests and export)."""
-  setup = build(config)
-  state = init_state(setup, make_learner(setup))
-  ckpt = checkpoint.Checkpointer(
-    os.path.join(os.path.abspath(workdir), "checkpoints"),
-    config.train.keep_checkpoints,
-  )
-  step = ckpt.latest_step()
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint in {workdir}")
-  restored = ckpt.restore(step, state)
-  ckpt.close()
-  return jax.tree.map(np.asarray, nnx.to_pure_dict(restored.policy))
+  _, policy = load_policy(build(config), workdir, what="workdir")
+  return jax.tree.map(np.asarray, nnx.to_pure_dict(policy))

@@ -1,18 +1,24 @@
 """Training LoRA adapters: only they change and have optimizer state, the
 frozen weights are the reference (KL 0 at the start), the step compiles
 once, a run starts from a run without adapters, and the warm start is
-refused with them."""
+refused with them. Checkpoints hold the adapters and their base's digest:
+a run resumes bit for bit, adapters on other weights are refused, and an
+adapter run evaluates and exports its merged policy."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from configs import bandit
-from starpo_jax import sharding, train
-from starpo_jax.models import lora
+from starpo_jax import checkpoint, evaluate, sharding, train
+from starpo_jax.models import hf, lora
 from tests.helpers import traced_at_most_once
 
 
@@ -21,6 +27,7 @@ def config(**lora_settings):
   c.rollout.env_groups, c.rollout.group_size = 2, 4
   c.algo.minibatches = 2
   c.algo.kl_coef = 0.01  # a reference policy, and the KL in the loss
+  c.algo.adv_estimator = "gae"  # and a critic
   c.filter.value = 1.0
   c.sft.steps = 0
   c.train.eval_every = 0
@@ -36,6 +43,7 @@ def leaves(tree):
 
 
 def test_only_adapters_train_and_the_base_is_the_reference():
+  # The config trains a critic (GAE) too.
   setup = train.build(config())
   learner = train.make_learner(setup)
   assert learner.adapters
@@ -49,6 +57,17 @@ def test_only_adapters_train_and_the_base_is_the_reference():
   )
   assert moments == sorted(shapes * 2)
   before_w, before_a = leaves(weights), leaves(adapters)
+  # The critic: adapters and a value head on the same frozen weights (no
+  # second model, nor moments for one).
+  assert learner.critic_shares_base
+  own = flat(nnx.to_pure_dict(state.critic))
+  assert len(own) == 14 + 2
+  assert all("_lora_" in k or "value_" in k for k in own), list(own)
+  moments = sorted(
+    x.shape for x in jax.tree.leaves(state.critic_opt) if x.ndim > 0
+  )
+  assert moments == sorted([v.shape for v in own.values() if v.ndim] * 2)
+  before_c = leaves(state.critic)
   codec = sharding.replicate(setup.codec, setup.mesh)
   with traced_at_most_once(train, "make_step"):
     step = train.compile_step(setup, state, learner)
@@ -63,31 +82,34 @@ def test_only_adapters_train_and_the_base_is_the_reference():
     not np.array_equal(a, b)
     for a, b in zip(before_a, leaves(adapters), strict=True)
   )
+  # The critic trained its own adapters and value head, all it holds.
+  assert all(
+    not np.array_equal(a, b)
+    for a, b in zip(before_c, leaves(state.critic), strict=True)
+  )
   # New adapters (B = 0) play the frozen weights' policy: the rollout's KL
   # to the reference is 0 exactly, and only then.
   assert float(first["rollout/kl_to_reference"]) == 0.0
   assert float(metrics["rollout/kl_to_reference"]) != 0.0
 
 
-def test_a_run_starts_from_a_run_without_adapters(tmp_path):
-  full = bandit.get_config("")
-  full.rollout.env_groups, full.rollout.group_size = 2, 4
-  full.algo.minibatches = 2
-  full.sft.steps, full.train.steps = 0, 1
-  full.train.eval_every = 0
-  train.run(full, str(tmp_path / "full"))
+def test_a_full_critic_is_a_whole_model_trained_whole():
   c = config()
-  c.train.init_from = str(tmp_path / "full")
+  c.model.lora.critic = "full"
   setup = train.build(c)
   learner = train.make_learner(setup)
-  state = train.policy_from(
-    train.init_state(setup, learner), setup, c.train.init_from
-  )
-  _, pure = train.checkpoint.load_policy(str(tmp_path / "full"))
-  weights = nnx.to_pure_dict(state.policy.filter(lora.WEIGHTS))
-  same = jax.tree.map(np.array_equal, weights, pure)
-  assert all(jax.tree.leaves(same))
-  assert len(jax.tree.leaves(state.policy.filter(nnx.LoRAParam))) == 14
+  assert learner.adapters and not learner.critic_shares_base
+  state = train.abstract_state(setup, learner)
+  names = lambda tree: {
+    jax.tree_util.keystr(p)
+    for p, _ in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(tree))
+  }
+  critic = names(state.critic)
+  assert not any("_lora_" in k for k in critic)
+  assert names(state.policy.filter(lora.WEIGHTS)) < critic
+  c.model.lora.critic = "lora"
+  with pytest.raises(train.ConfigError, match=r"lora\.critic='lora'"):
+    train.build(c)
 
 
 def test_the_warm_start_is_refused_with_adapters():
@@ -104,3 +126,135 @@ def test_bad_adapter_settings_are_named_before_compiling():
     train.ConfigError, match=r"config\.model\.lora: targets=.ffn."
   ):
     train.build(config(targets="ffn"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """A one-step run without adapters, and a two-step LoRA run started from
+  it with a checkpoint after each step."""
+  full = bandit.get_config("")
+  full.rollout.env_groups, full.rollout.group_size = 2, 4
+  full.algo.minibatches = 2
+  full.sft.steps, full.train.steps = 0, 1
+  full.train.eval_every = 0
+  first = str(tmp_path_factory.mktemp("full"))
+  train.run(full, first)
+  c = config()
+  c.train.init_from = first
+  c.train.steps = 2
+  c.train.checkpoint_every = 1
+  workdir = str(tmp_path_factory.mktemp("lora"))
+  train.run(c, workdir)
+  return first, workdir, c
+
+
+def flat(tree) -> dict[str, np.ndarray]:
+  return {
+    jax.tree_util.keystr(path): np.asarray(x)
+    for path, x in jax.tree_util.tree_leaves_with_path(tree)
+  }
+
+
+def same(a, b) -> bool:
+  a, b = flat(a), flat(b)
+  return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_starts_from_a_run_without_adapters(runs):
+  # Its frozen weights are that run's policy; its adapters its own.
+  first, workdir, c = runs
+  _, full = checkpoint.load_policy(first)[:2]
+  params = flat(train.final_params(workdir, c))
+  for k, v in flat(full).items():
+    np.testing.assert_array_equal(params[k], v)
+  assert len(params) == len(flat(full)) + 14
+
+
+def test_checkpoints_hold_the_adapters_and_resume_bit_for_bit(
+  runs, tmp_path, capsys
+):
+  first, workdir, c = runs
+  step, saved, base = checkpoint.load_policy(workdir)
+  names = list(flat(saved))
+  assert step == 2 and len(names) == 14
+  assert all(n.endswith(("_lora_a']", "_lora_b']")) for n in names), names
+  setup = train.build(c)
+  _, weights = train.load_policy(setup, first, weights_only=True)
+  assert base == train.base_of(setup, weights)
+  assert base["source"] == f"the policy of run {first}"
+  # Resumed from step 1: the same policy as the run that went straight on,
+  # its adapters on the same frozen weights.
+  resumed = tmp_path / "resumed"
+  shutil.copytree(workdir, resumed)
+  shutil.rmtree(resumed / "checkpoints" / "2")
+  capsys.readouterr()
+  train.run(c, str(resumed))
+  assert "resumed from step 1" in capsys.readouterr().out
+  a = train.final_params(workdir, c)
+  assert same(a, train.final_params(str(resumed), c))
+  # Its adapters are the checkpoint's.
+  a = flat(a)
+  for k, v in flat(saved).items():
+    np.testing.assert_array_equal(a[k], v)
+
+
+def test_adapters_on_other_weights_are_refused_and_nothing_is_lost(
+  runs, tmp_path
+):
+  first, workdir, _ = runs
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  before = (copy / "config.json").read_text()
+  other = config()  # random weights under the adapters
+  with pytest.raises(
+    train.ConfigError,
+    match=rf"trained on the policy of run {first} \(base digest \w+\), but "
+    rf"this run's base, the model created from seed {other.seed}, has digest",
+  ):
+    train.run(other, str(copy))
+  with pytest.raises(train.ConfigError, match="base digest"):
+    evaluate.evaluate_checkpoint(other, workdir, episodes=4)
+  full = config()
+  full.model.lora.rank = 0
+  full.train.init_from = first
+  with pytest.raises(train.ConfigError, match="holds LoRA adapters"):
+    train.run(full, str(copy))
+  assert (copy / "config.json").read_text() == before
+  assert sorted(os.listdir(copy / "checkpoints")) == ["1", "2"]
+  # Nor do a run's adapters start another run as whole weights.
+  c2 = config()
+  c2.train.init_from = workdir
+  with pytest.raises(
+    train.ConfigError, match=r"init_from=.*holds LoRA adapters .*not whole"
+  ):
+    train.run(c2, str(tmp_path / "new"))
+
+
+def test_an_adapter_run_evaluates_and_exports_its_merged_policy(
+  runs, tmp_path, capsys
+):
+  from tests.models.conftest import torch_logits
+
+  _, workdir, c = runs
+  summary = evaluate.evaluate_checkpoint(
+    c, workdir, episodes=8, temperatures=(0.0,), transcripts=1
+  )
+  assert summary["step"] == 2 and summary["envs"]
+  out = str(tmp_path / "hf")
+  assert hf.main(["export", workdir, out]) == 0
+  printed = capsys.readouterr().out
+  assert float(printed.split("max_abs_logit_diff:")[1].split()[0]) < 1e-4
+  # transformers, on the export, gives the adapted policy's logits, not
+  # the frozen weights'.
+  setup = train.build(c)
+  policy_def = train.make_learner(setup).policy_def
+  _, policy = train.load_policy(setup, workdir)
+  adapted = nnx.merge(policy_def, policy)
+  vocab = adapted.cfg.vocab_size
+  tokens = np.arange(32).reshape(2, 16) * 7 % vocab
+  ours = np.asarray(adapted(jnp.asarray(tokens))[0])
+  np.testing.assert_allclose(torch_logits(out, tokens), ours, atol=1e-4)
+  adapters, weights = policy.split(nnx.LoRAParam, ...)
+  zeroed = jax.tree.map(jnp.zeros_like, adapters)
+  base = nnx.merge(policy_def, nnx.merge_state(zeroed, weights))
+  assert np.abs(np.asarray(base(jnp.asarray(tokens))[0]) - ours).max() > 1e-3

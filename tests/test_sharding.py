@@ -17,7 +17,7 @@ import pytest
 from configs import bandit
 from starpo_jax import sharding, train
 
-MESHES = ["(2, 4, 1)", "(2, 2, 2)", "(1, 4, 2)"]
+MESHES = ["(2, 4, 1)", "(2, 2, 2)"]
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,14 @@ def test_metrics_match_one_device(runs, mesh):
   diff = np.abs(a - b)
   assert np.mean(diff < 1e-5) > 0.999, np.mean(diff < 1e-5)
   assert diff.max() <= 2 * lr + 1e-5
+
+
+@pytest.mark.slow
+def test_a_digest_is_the_same_on_every_mesh(runs):
+  # The same weights, created sharded four ways: one digest (a LoRA
+  # checkpoint written on one mesh is restored on another).
+  digests = {mesh: r["digest"] for mesh, r in runs.items()}
+  assert len(set(digests.values())) == 1, digests
 
 
 @pytest.mark.slow

@@ -1,0 +1,37 @@
+"""The digest a LoRA checkpoint keeps of its base: equal for equal weights,
+different when any value, position, dtype or name differs."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from starpo_jax import checkpoint
+
+
+def state(**arrays) -> nnx.State:
+  return nnx.State({k: nnx.Param(v) for k, v in arrays.items()})
+
+
+def test_the_digest_sees_every_value_its_place_its_dtype_and_its_name():
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.normal(size=(4, 6)), jnp.float32)
+  q = jnp.asarray(rng.integers(-8, 8, size=(3, 5)), jnp.int4)
+  h = jnp.asarray(rng.normal(size=(7,)), jnp.bfloat16)
+  first = checkpoint.digest(state(w=w, q=q, h=h))
+  assert len(first) == 16
+  assert checkpoint.digest(state(w=jnp.array(w), q=q, h=h)) == first
+  one_ulp = w.at[3, 5].set(jnp.nextafter(w[3, 5], jnp.inf))
+  swapped = w.at[0, 0].set(w[0, 1]).at[0, 1].set(w[0, 0])
+  changes = [
+    state(w=one_ulp, q=q, h=h),
+    state(w=swapped, q=q, h=h),
+    state(w=w.reshape(6, 4), q=q, h=h),
+    state(w=w, q=q.at[2, 4].add(1), h=h),
+    state(w=w, q=q, h=h.at[0].set(-h[0])),
+    state(w=w.astype(jnp.bfloat16), q=q, h=h),
+    state(v=w, q=q, h=h),
+  ]
+  digests = [checkpoint.digest(s) for s in changes]
+  assert first not in digests and len(set(digests)) == len(digests)
