@@ -66,10 +66,13 @@ def compile_row(
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
       tail = out.stderr.strip().splitlines()[-3:]
-      return {"model": model, "slice": slice_name, "error": " | ".join(tail)}
-    with open(report) as f:
-      (row,) = json.load(f)
+      row = {"model": model, "slice": slice_name, "error": " | ".join(tail)}
+    else:
+      with open(report) as f:
+        (row,) = json.load(f)
   row["slice"] = slice_name
+  # The settings the row changed from RAGEN's (LoRA, micro-batches).
+  row["overrides"] = list(overrides)
   return row
 
 
