@@ -348,31 +348,37 @@ def sft_optimizer(setup: Setup) -> optax.GradientTransformation:
 
 def _parameters(setup: Setup, value_head: bool, seed: int):
   """A model's parameters, created (or loaded) already sharded over
-  ``setup.mesh`` (no full copy on one device). A critic that shares the
-  policy's weights: its adapters and value head only (both created: a
-  Hugging Face checkpoint has neither)."""
+  ``setup.mesh`` (no full copy on one device). From a Hugging Face
+  checkpoint, its weights and new adapters. A critic that shares the
+  policy's weights: its adapters and value head only."""
   m = setup.config.model
+  cfg = _model(setup, value_head)
   _, _, shardings = _abstract_model(setup, value_head)
   own = value_head and _critic_shares_base(setup)
+  loaded = None
   if own:
     shardings = shardings.filter(CRITIC_OWN)
-  if m.ckpt and not own:
+  elif m.ckpt:
+    adapted = cfg.lora is not None
     model = hf.load(
       m.ckpt,
       dtype=m.dtype,
       param_dtype=m.param_dtype,
       value_head=value_head,
-      shardings=shardings,
+      shardings=shardings.filter(lora.WEIGHTS) if adapted else shardings,
     )
-    return nnx.split(model)[1]
-  cfg = _model(setup, value_head)
+    loaded = nnx.split(model)[1]
+    if not adapted:
+      return loaded
+    shardings = shardings.filter(nnx.LoRAParam)
+  keep = CRITIC_OWN if own else nnx.LoRAParam if loaded is not None else ...
 
   def create():
-    params = nnx.split(transformer.create(cfg, seed=seed))[1]
-    # The weights not returned are never computed.
-    return params.filter(CRITIC_OWN) if own else params
+    # What is not returned (weights loaded instead) is never computed.
+    return nnx.split(transformer.create(cfg, seed=seed))[1].filter(keep)
 
-  return jax.jit(create, out_shardings=shardings)()
+  created = jax.jit(create, out_shardings=shardings)()
+  return created if loaded is None else nnx.merge_state(created, loaded)
 
 
 def _optimizer_shardings(tx, params, param_shardings, mesh):

@@ -74,11 +74,14 @@ def test_mesh_flag_is_checked():
 def test_step_compiles_for_a_tpu_topology(tmp_path):
   # libtpu (jax[tpu], a test dependency) compiles for TPU chips this CPU
   # machine does not have; the TPU's attention kernel (Pallas splash,
-  # per device in shard_map) is the one compiled.
+  # per device in shard_map) is the one compiled. With LoRA adapters (the
+  # qwix interception compiles for TPU too).
   report = tmp_path / "report.json"
   out = compile_check(
     "--config=configs/bandit.py:algo=grpo",
     "--config.model.num_layers=1",
+    "--config.model.lora.rank=4",
+    "--config.sft.steps=0",
     "--topology=v5e-4",
     "--mesh=1,2,2",
     f"--json={report}",
@@ -90,6 +93,9 @@ def test_step_compiles_for_a_tpu_topology(tmp_path):
   assert r["tpu_kernels"] >= 2
   assert r["hbm_bytes"] == 16 * 1024**3
   assert 0 < r["param_bytes"] < r["peak_bytes"] < r["hbm_bytes"]
+  # Only the adapters have Adam moments (whole-model moments: twice the
+  # parameters).
+  assert r["optimizer_bytes"] < r["param_bytes"] / 10
   assert "chip memory" in out.stdout and "fits" in out.stdout
   # Splash's kernels are counted by their blocks, every loop of the step
   # has a count read off the TPU program: the roofline bound is given.

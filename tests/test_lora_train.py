@@ -18,7 +18,7 @@ from flax import nnx
 
 from configs import bandit
 from starpo_jax import checkpoint, evaluate, sharding, train
-from starpo_jax.models import hf, lora
+from starpo_jax.models import hf, lora, transformer
 from tests.helpers import traced_at_most_once
 
 
@@ -91,6 +91,26 @@ def test_only_adapters_train_and_the_base_is_the_reference():
   # to the reference is 0 exactly, and only then.
   assert float(first["rollout/kl_to_reference"]) == 0.0
   assert float(metrics["rollout/kl_to_reference"]) != 0.0
+
+
+def test_adapters_sit_on_a_hugging_face_checkpoints_weights(tmp_path):
+  # A checkpoint written from a model of the setup's shape (and its
+  # tokenizer): the policy holds its weights, new adapters beside them.
+  c = config()
+  setup = train.build(c)
+  plain = setup.model_cfg.replace(lora=None)
+  saved = transformer.create(plain, seed=7)
+  hf.save(saved, str(tmp_path))
+  setup.tokenizer.save(str(tmp_path))
+  c.model.ckpt = str(tmp_path)
+  setup = train.build(c)
+  policy = train.init_state(setup, train.make_learner(setup)).policy
+  weights = flat(nnx.to_pure_dict(policy.filter(lora.WEIGHTS)))
+  want = flat(nnx.to_pure_dict(nnx.state(saved)))
+  assert weights.keys() == want.keys()
+  for k, v in want.items():
+    np.testing.assert_array_equal(weights[k], v)
+  assert len(flat(nnx.to_pure_dict(policy.filter(nnx.LoRAParam)))) == 14
 
 
 def test_a_full_critic_is_a_whole_model_trained_whole():
