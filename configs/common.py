@@ -89,6 +89,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.lora.alpha = 16.0
   c.model.lora.targets = "attn|mlp"
   c.model.lora.critic = "adapters"
+  # QLoRA: the targeted weights stored as "int8", "int4" or "nf4" (qwix),
+  # in tiles of tile_size along the contracted axis (0: per channel).
+  c.model.lora.quantize = ""
+  c.model.lora.tile_size = 0
   # The tiny model's shape, when model.preset is "tiny".
   c.model.hidden_size = 128
   c.model.num_layers = 2

@@ -12,6 +12,7 @@ the steps an uninterrupted run would take.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -265,7 +266,11 @@ def _model_config(
   if m.lora.rank:
     model_cfg = model_cfg.replace(
       lora=transformer.LoraConfig(
-        rank=m.lora.rank, alpha=m.lora.alpha, targets=m.lora.targets
+        rank=m.lora.rank,
+        alpha=m.lora.alpha,
+        targets=m.lora.targets,
+        quantize=m.lora.quantize,
+        tile_size=m.lora.tile_size,
       )
     )
   try:
@@ -311,10 +316,21 @@ def _critic_shares_base(setup: Setup) -> bool:
   return setup.algo.uses_critic and _model(setup, True).lora is not None
 
 
-def _abstract_model(setup: Setup, value_head: bool):
+def _unquantized(cfg: transformer.ModelConfig) -> transformer.ModelConfig:
+  """``cfg`` with its QLoRA weights in floating point (as they load)."""
+  if cfg.lora is None or not cfg.lora.quantize:
+    return cfg
+  return cfg.replace(
+    lora=dataclasses.replace(cfg.lora, quantize="", tile_size=0)
+  )
+
+
+def _abstract_model(setup: Setup, value_head: bool, unquantized=False):
   """A model's graph definition, abstract parameters and their shardings
-  over ``setup.mesh`` (nothing allocated)."""
+  over ``setup.mesh`` (nothing allocated); ``unquantized``: of the model
+  with its QLoRA weights in floating point."""
   cfg = _model(setup, value_head)
+  cfg = _unquantized(cfg) if unquantized else cfg
   with nnx.use_eager_sharding(False):
     model = nnx.eval_shape(lambda: transformer.Transformer(cfg, nnx.Rngs(0)))
   graphdef, abstract = nnx.split(model)
@@ -360,16 +376,18 @@ def _parameters(setup: Setup, value_head: bool, seed: int):
     shardings = shardings.filter(CRITIC_OWN)
   elif m.ckpt:
     adapted = cfg.lora is not None
+    loads = _abstract_model(setup, value_head, unquantized=True)[2]
     model = hf.load(
       m.ckpt,
       dtype=m.dtype,
       param_dtype=m.param_dtype,
       value_head=value_head,
-      shardings=shardings.filter(lora.WEIGHTS) if adapted else shardings,
+      shardings=loads.filter(lora.WEIGHTS) if adapted else loads,
     )
     loaded = nnx.split(model)[1]
     if not adapted:
       return loaded
+    loaded = _quantized(setup, value_head, loaded)
     shardings = shardings.filter(nnx.LoRAParam)
   keep = CRITIC_OWN if own else nnx.LoRAParam if loaded is not None else ...
 
@@ -379,6 +397,25 @@ def _parameters(setup: Setup, value_head: bool, seed: int):
 
   created = jax.jit(create, out_shardings=shardings)()
   return created if loaded is None else nnx.merge_state(created, loaded)
+
+
+def _quantized(setup: Setup, value_head: bool, weights: nnx.State):
+  """A QLoRA model's ``weights``, loaded in floating point, quantized where
+  they lie (else ``weights``)."""
+  cfg = _model(setup, value_head)
+  if cfg.lora is None or not cfg.lora.quantize:
+    return weights
+  _, abstract, shardings = _abstract_model(setup, value_head)
+  abstract, shardings = (
+    abstract.filter(lora.WEIGHTS),
+    shardings.filter(lora.WEIGHTS),
+  )
+  quantize = jax.jit(
+    functools.partial(transformer.quantize_weights, cfg),
+    out_shardings=nnx.to_pure_dict(shardings),
+  )
+  nnx.replace_by_pure_dict(abstract, quantize(nnx.to_pure_dict(weights)))
+  return abstract
 
 
 def _optimizer_shardings(tx, params, param_shardings, mesh):
@@ -722,7 +759,7 @@ def load_policy(
     )
   except checkpoint.BaseMismatch as e:
     raise ConfigError(str(e)) from None
-  _, abstract, shardings = _abstract_model(setup, False)
+  _, abstract, shardings = _abstract_model(setup, False, weights_only)
   keep = nnx.LoRAParam if adapted else lora.WEIGHTS
   if adapted or weights_only:
     abstract, shardings = abstract.filter(keep), shardings.filter(keep)
@@ -740,6 +777,8 @@ def load_policy(
     nnx.to_pure_dict(shardings),
   )
   nnx.replace_by_pure_dict(abstract, placed)
+  if weights_only:
+    return step, _quantized(setup, False, abstract)
   return step, nnx.merge_state(abstract, weights) if adapted else abstract
 
 

@@ -113,6 +113,36 @@ def test_adapters_sit_on_a_hugging_face_checkpoints_weights(tmp_path):
   assert len(flat(nnx.to_pure_dict(policy.filter(nnx.LoRAParam)))) == 14
 
 
+def test_a_qlora_run_trains_adapters_on_quantized_weights(runs, tmp_path):
+  # Started from a run without adapters: its float weights quantized
+  # (nf4), new adapters; the quantized weights stay bit for bit, the run
+  # resumes against their digest, and exports its merged policy.
+  first, _, _ = runs
+  c = config(quantize="nf4", tile_size=16)
+  c.train.init_from = first
+  c.train.steps, c.train.checkpoint_every = 2, 1
+  setup = train.build(c)
+  state = train.init_state(setup, train.make_learner(setup))
+  state = train.policy_from(state, setup, first)
+  weights = flat(nnx.to_pure_dict(state.policy.filter(lora.WEIGHTS)))
+  q = [k for k in weights if k.endswith("['qvalue']")]
+  assert len(q) == 7 and all(weights[k].dtype == "uint4" for k in q)
+  workdir = tmp_path / "qlora"
+  train.run(c, str(workdir))
+  params = flat(train.final_params(str(workdir), c))
+  for k, v in weights.items():
+    np.testing.assert_array_equal(params[k], v)
+  _, saved, base = checkpoint.load_policy(str(workdir))
+  assert len(flat(saved)) == 14
+  assert base == train.base_of(setup, state.policy.filter(lora.WEIGHTS))
+  # The adapters moved from where they started.
+  start = flat(nnx.to_pure_dict(state.policy.filter(nnx.LoRAParam)))
+  assert start.keys() == flat(saved).keys()
+  assert not same(saved, nnx.to_pure_dict(state.policy.filter(nnx.LoRAParam)))
+  out = str(tmp_path / "hf")
+  assert hf.main(["export", str(workdir), out]) == 0
+
+
 def test_a_full_critic_is_a_whole_model_trained_whole():
   c = config()
   c.model.lora.critic = "full"

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-from flax import nnx
+from flax import nnx, traverse_util
 
 from starpo_jax.models import lora, transformer
 from starpo_jax.models.transformer import ModelConfig, RopeScaling, Transformer
@@ -517,17 +517,18 @@ def save(
   os.makedirs(path, exist_ok=True)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(config_to_hf(cfg, dtype), f, indent=2)
-  state = nnx.state(model, lora.WEIGHTS)
   if cfg.lora is not None:
-    nnx.replace_by_pure_dict(state, lora.merged(model))
-  flat = dict(nnx.to_flat_state(state))
+    params = lora.merged(model)
+  else:
+    params = nnx.to_pure_dict(nnx.state(model, lora.WEIGHTS))
+  flat = traverse_util.flatten_dict(params)
   tensors: list[tuple[str, _Entry, int | None]] = []
   for entry in _layout(cfg):
     for i, name in enumerate(entry.names(cfg.num_layers)):
       tensors.append((name, entry, i if entry.stacked else None))
 
   def shape_of(entry: _Entry) -> tuple[int, ...]:
-    return _expected_hf_shape(entry, flat[entry.path].get_value().shape)
+    return _expected_hf_shape(entry, flat[entry.path].shape)
 
   shards: list[list[tuple[str, _Entry, int | None]]] = [[]]
   size = 0
@@ -552,7 +553,7 @@ def save(
     with open(os.path.join(path, file_name), "wb") as f:
       f.write(header)
       for name, entry, layer in shard:
-        value = flat[entry.path].get_value()
+        value = flat[entry.path]
         value = value if layer is None else value[layer]
         array = entry.to_hf(np.asarray(jax.device_get(value)))
         f.write(np.ascontiguousarray(array, np_dtype).tobytes())

@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import qwix
 from flax import nnx, struct
 
 from starpo_jax.models import attention, lora
@@ -41,6 +42,11 @@ class LoraConfig:
   rank: int
   alpha: float
   targets: str = "attn|mlp"
+  # QLoRA: the targeted weights stored quantized (``lora.QTYPES``; ""
+  # none), in tiles of ``tile_size`` along the contracted axis (0: one
+  # scale per output channel).
+  quantize: str = ""
+  tile_size: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -399,6 +405,16 @@ class RMSNorm(nnx.Module):
     return self.scale[...].astype(x.dtype) * xf.astype(x.dtype)
 
 
+def _weight(param: Any, dtype: Any) -> Any:
+  """A projection's weight in the compute dtype. A QLoRA weight (qwix's
+  quantized array, not an ``nnx.Param``) is passed as it is: qwix computes
+  with it, and finds which weight it is by its identity."""
+  if not isinstance(param, nnx.Variable):
+    return param
+  w = param[...]
+  return w if w.dtype == dtype else w.astype(dtype)
+
+
 class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
     d, h, kv, hd, p = (
@@ -429,7 +445,7 @@ class Attention(nnx.Module):
     self.implementation = cfg.attention
 
   def project(self, x: jax.Array, name: str) -> jax.Array:
-    w = getattr(self, name)[...].astype(self.dtype)
+    w = _weight(getattr(self, name), self.dtype)
     y = jnp.einsum("BTD,DNH->BTNH", x, w)
     if self.qkv_bias:
       y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
@@ -459,7 +475,7 @@ class Attention(nnx.Module):
       k_cache, v_cache = write(k_cache, k), write(v_cache, v)
       out = attention.cached(q, k_cache, v_cache, positions)
       new_cache = (k_cache, v_cache)
-    o = self.o[...].astype(self.dtype)
+    o = _weight(self.o, self.dtype)
     return jnp.einsum("BTNH,NHD->BTD", out, o), new_cache
 
 
@@ -472,7 +488,7 @@ class MLP(nnx.Module):
     self.dtype = jnp.dtype(cfg.dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    w = lambda p: p[...].astype(self.dtype)
+    w = lambda p: _weight(p, self.dtype)
     gate = jnp.einsum("BTD,DF->BTF", x, w(self.gate))
     up = jnp.einsum("BTD,DF->BTF", x, w(self.up))
     return jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate) * up, w(self.down))
@@ -489,6 +505,19 @@ class Block(nnx.Module):
     h, cache = self.attn(self.attn_norm(x), positions, inv_freq, cache)
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), cache
+
+
+def quantize_weights(cfg: ModelConfig, weights: dict[str, Any]) -> Any:
+  """``weights`` (a pure dict of the plain model's parameters, floating
+  point) as a QLoRA model of ``cfg`` holds them: each layer's targeted
+  projections quantized as qwix quantizes them when it adapts a layer."""
+  inv_freq = inverse_frequencies(cfg)
+  with nnx.use_eager_sharding(False):
+    block = nnx.eval_shape(
+      lambda: lora.adapt(Block(cfg, nnx.Rngs(0)), cfg, inv_freq, nnx.Rngs(0))
+    )
+  layer = lambda w: qwix.quantize_params(w, block)
+  return {**weights, "layers": jax.vmap(layer)(weights["layers"])}
 
 
 class Transformer(nnx.Module):
