@@ -23,6 +23,7 @@ LONGEST_FIRST = (
   "tests/test_rollout.py",
   "tests/test_benchmark_run.py",
   "tests/test_step.py",
+  "tests/test_lora_train.py",
 )
 
 
