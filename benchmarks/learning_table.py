@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from starpo_jax import logging as log_lib
+from starpo_jax.run import metrics as log_lib
 
 
 def _pct(x: float) -> str:

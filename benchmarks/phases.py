@@ -10,7 +10,7 @@ group held and masked, the full context: ``filter.capacity`` = all groups,
 
 Each phase is jitted on its own (``step.collect``; ``step.prepare_batch``:
 score, select, advantages; ``step.update``), run once to compile and then
-timed (median of ``--repeats``); the whole step (``train.compile_step``,
+timed (median of ``--repeats``); the whole step (``assembly.compile_step``,
 one jit) is timed the same way. Compile time is reported apart.
 """
 
@@ -24,8 +24,9 @@ from typing import Any
 import jax
 
 from benchmarks import common
-from starpo_jax import step as step_lib
-from starpo_jax import train
+from starpo_jax.algo import step as step_lib
+from starpo_jax.algo import update as update_lib
+from starpo_jax.run import assembly
 
 
 def config(name: str, arg: str, overrides: list[str]):
@@ -55,9 +56,9 @@ def masked(c):
 def phases(c, repeats: int, played: dict[str, Any]) -> dict[str, Any]:
   """Seconds per phase (and compile seconds) of config ``c``. The first
   call plays the rollout that later ones reuse (``played``)."""
-  setup = train.build(c)
-  learner = train.make_learner(setup)
-  state = played.setdefault("state", train.init_state(setup, learner))
+  setup = assembly.build(c)
+  learner = assembly.make_learner(setup)
+  state = played.setdefault("state", assembly.init_state(setup, learner))
   rcfg, algo, fcfg = setup.rollout_cfg, setup.algo, setup.filter_cfg
   k_roll, k_perm = step_lib.step_keys(state)
   out: dict[str, Any] = {}
@@ -85,7 +86,7 @@ def phases(c, repeats: int, played: dict[str, Any]) -> dict[str, Any]:
   p = prepare(state, setup.codec, traj)
 
   update = jax.jit(
-    lambda s, batch, keep, allowed, key: step_lib.update(
+    lambda s, batch, keep, allowed, key: update_lib.update(
       learner,
       s,
       batch,
@@ -105,8 +106,10 @@ def phases(c, repeats: int, played: dict[str, Any]) -> dict[str, Any]:
   out["length"] = int(stats["length"].reshape(-1)[0])
   out["minibatches_trained"] = int(stats["live"].sum())
 
-  whole = train.compile_step(setup, train.init_state(setup, learner), learner)
-  holder = {"state": train.init_state(setup, learner)}
+  whole = assembly.compile_step(
+    setup, assembly.init_state(setup, learner), learner
+  )
+  holder = {"state": assembly.init_state(setup, learner)}
 
   def run():
     holder["state"], m = whole(holder["state"], setup.codec)

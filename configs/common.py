@@ -15,12 +15,12 @@ from typing import Any
 
 import ml_collections
 
-from starpo_jax.diagnostics import DiagnosticsConfig
-from starpo_jax.filtering import FilterConfig
-from starpo_jax.rollout import RolloutConfig
-from starpo_jax.sft import SftConfig
-from starpo_jax.step import AlgoConfig
-from starpo_jax.stopping import StopConfig
+from starpo_jax.agent.rollout import RolloutConfig
+from starpo_jax.algo.config import AlgoConfig
+from starpo_jax.algo.diagnostics import DiagnosticsConfig
+from starpo_jax.algo.filtering import FilterConfig
+from starpo_jax.algo.sft import SftConfig
+from starpo_jax.run.stopping import StopConfig
 
 # --config=FILE:key=value,... keys and their defaults.
 ARG_DEFAULTS = {"model": "tiny", "ckpt": "", "algo": "starpo_s"}

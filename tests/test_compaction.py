@@ -16,8 +16,11 @@ import pytest
 from flax import nnx
 
 from configs import sokoban
-from starpo_jax import filtering, train
-from starpo_jax import step as step_lib
+from starpo_jax.algo import batch as batch_lib
+from starpo_jax.algo import filtering
+from starpo_jax.algo import step as step_lib
+from starpo_jax.algo import update as update_lib
+from starpo_jax.run import assembly
 from tests.helpers import critic_with_opinions
 
 GROUPS, GROUP_SIZE = 4, 2
@@ -40,9 +43,9 @@ def config():
 @functools.cache
 def played():
   """One rollout, and the state that played it (critic with opinions)."""
-  setup = train.build(config())
-  learner = train.make_learner(setup)
-  state = train.init_state(setup, learner)
+  setup = assembly.build(config())
+  learner = assembly.make_learner(setup)
+  state = assembly.init_state(setup, learner)
   critic_with_opinions(state)
   k_roll, _ = step_lib.step_keys(state)
   traj = jax.jit(
@@ -66,7 +69,7 @@ def train_on(filter_cfg, algo=None):
     p = step_lib.prepare_batch(
       learner, state, codec, traj, rcfg, algo, filter_cfg
     )
-    new, stats = step_lib.update(
+    new, stats = update_lib.update(
       learner,
       state,
       p.batch,
@@ -225,10 +228,10 @@ def test_capacity_rounds_up_to_whole_minibatches():
 
 
 def test_bucket_lengths():
-  assert step_lib.bucket_lengths(768, 4) == (256, 384, 640, 768)
-  assert step_lib.bucket_lengths(320, 4) == (128, 256, 320)
-  assert step_lib.bucket_lengths(2048, 4) == (512, 1024, 1536, 2048)
-  assert step_lib.bucket_lengths(384, 1) == (384,)
+  assert batch_lib.bucket_lengths(768, 4) == (256, 384, 640, 768)
+  assert batch_lib.bucket_lengths(320, 4) == (128, 256, 320)
+  assert batch_lib.bucket_lengths(2048, 4) == (512, 1024, 1536, 2048)
+  assert batch_lib.bucket_lengths(384, 1) == (384,)
 
 
 def test_the_bucketed_update_equals_the_full_length_one():
@@ -255,7 +258,7 @@ def test_batches_needing_other_buckets_reuse_one_compile():
   @jax.jit
   @chex.assert_max_traces(n=1)
   def update(state, batch, keep, allowed, key):
-    return step_lib.update(
+    return update_lib.update(
       learner, state, batch, keep, algo, 1.0, allowed, key, episodes=8
     )
 
@@ -271,7 +274,7 @@ def test_batches_needing_other_buckets_reuse_one_compile():
   assert short_len == 128 < long_len
   full = dataclasses.replace(algo, length_buckets=1)
   want = jax.jit(
-    lambda state, batch, keep, allowed, key: step_lib.update(
+    lambda state, batch, keep, allowed, key: update_lib.update(
       learner, state, batch, keep, full, 1.0, allowed, key, episodes=8
     )
   )(state, short, keep, setup.codec.allowed, key)
@@ -286,5 +289,5 @@ def test_batches_needing_other_buckets_reuse_one_compile():
 def test_the_needed_length_holds_the_last_trained_token():
   positions = jnp.asarray([[3, 4, 9], [5, 127, 128]])
   mask = jnp.asarray([[True, True, True], [True, True, False]])
-  assert int(step_lib.needed_length(mask, positions)) == 128
-  assert int(step_lib.needed_length(jnp.ones((2, 3), bool), positions)) == 129
+  assert int(batch_lib.needed_length(mask, positions)) == 128
+  assert int(batch_lib.needed_length(jnp.ones((2, 3), bool), positions)) == 129

@@ -14,7 +14,7 @@ import matplotlib.image
 import pytest
 
 from benchmarks import study_table
-from starpo_jax import report
+from starpo_jax.cli import report
 
 TRANSCRIPT = "turn 1\nuser: #P_O#\nassistant: <answer>Up</answer>\nreward 1.0\n"
 

@@ -16,8 +16,9 @@ import pytest
 from flax import nnx
 
 from configs import bandit
-from starpo_jax import checkpoint, preemption, report, train
-from starpo_jax import logging as log_lib
+from starpo_jax.cli import report
+from starpo_jax.run import assembly, checkpoint, preemption, train
+from starpo_jax.run import metrics as log_lib
 from tests.helpers import read_tensorboard
 
 SMALL = [
@@ -85,21 +86,21 @@ def test_bad_values_fail_before_compiling_naming_the_setting(
 ):
   c = bandit.get_config(None)
   c[section][name] = value
-  with pytest.raises(train.ConfigError, match=message):
-    train.build(c)
+  with pytest.raises(assembly.ConfigError, match=message):
+    assembly.build(c)
 
 
 def test_bad_environment_arguments_are_named():
   c = bandit.get_config(None)
   c.env.kwargs.split = "validation"
-  with pytest.raises(train.ConfigError, match="split"):
-    train.build(c)
+  with pytest.raises(assembly.ConfigError, match="split"):
+    assembly.build(c)
 
 
 def test_unwritable_workdir_gives_a_clear_error(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("not a directory")
-  with pytest.raises(train.ConfigError, match="not writable"):
+  with pytest.raises(assembly.ConfigError, match="not writable"):
     train.run(bandit.get_config(None), str(blocker / "run"))
 
 
@@ -122,9 +123,9 @@ def test_repeated_nonfinite_steps_stop_the_run_keeping_the_checkpoint(tmp_path):
   assert [r["train/skipped_nonfinite"] > 0 for r in records] == [True, True]
   # The checkpoint holds the untouched initial parameters.
   c.rollout.format_penalty = -0.1
-  params = train.final_params(str(tmp_path), c)
-  setup = train.build(c)
-  state = train.init_state(setup, train.make_learner(setup))
+  params = assembly.final_params(str(tmp_path), c)
+  setup = assembly.build(c)
+  state = assembly.init_state(setup, assembly.make_learner(setup))
   initial = jax.tree.map(np.asarray, nnx.to_pure_dict(state.policy))
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, params, initial)))
 
@@ -227,8 +228,8 @@ def test_killed_and_preempted_runs_resume_to_the_same_parameters_and_metrics(
   c = bandit.get_config(None)
   c.rollout.env_groups, c.rollout.group_size = 2, 4
   c.algo.minibatches = 2
-  a = train.final_params(str(straight), c)
-  b = train.final_params(str(resumed), c)
+  a = assembly.final_params(str(straight), c)
+  b = assembly.final_params(str(resumed), c)
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))
   ra = _comparable(log_lib.read_metrics(str(straight)))
   rb = _comparable(log_lib.read_metrics(str(resumed)))
@@ -270,8 +271,8 @@ def test_init_from_starts_with_another_runs_policy(tmp_path):
     c.seed = seed
     for name, value in model.items():
       c.model[name] = value
-    setup = train.build(c)
-    return setup, train.init_state(setup, train.make_learner(setup))
+    setup = assembly.build(c)
+    return setup, assembly.init_state(setup, assembly.make_learner(setup))
 
   pure = lambda s: jax.tree.map(np.asarray, nnx.to_pure_dict(s.policy))
   _, source = state_of(5)
@@ -280,15 +281,17 @@ def test_init_from_starts_with_another_runs_policy(tmp_path):
   ckpt.close()
   setup, fresh = state_of(0)
   before = pure(fresh)
-  started = train.policy_from(fresh, setup, str(tmp_path / "src"))
+  started = assembly.policy_from(fresh, setup, str(tmp_path / "src"))
   same = jax.tree.map(np.array_equal, pure(started), pure(source))
   assert all(jax.tree.leaves(same))
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, pure(fresh), before)))
-  with pytest.raises(train.ConfigError, match="does not fit"):
-    train.policy_from(*state_of(0, num_layers=1)[::-1], str(tmp_path / "src"))
-  with pytest.raises(train.ConfigError, match="no checkpoint"):
-    train.policy_from(fresh, setup, str(tmp_path / "nowhere"))
+  with pytest.raises(assembly.ConfigError, match="does not fit"):
+    assembly.policy_from(
+      *state_of(0, num_layers=1)[::-1], str(tmp_path / "src")
+    )
+  with pytest.raises(assembly.ConfigError, match="no checkpoint"):
+    assembly.policy_from(fresh, setup, str(tmp_path / "nowhere"))
   with pytest.raises(
-    train.ConfigError, match=r"no checkpoint at step 4.*\[3\]"
+    assembly.ConfigError, match=r"no checkpoint at step 4.*\[3\]"
   ):
-    train.load_policy(setup, str(tmp_path / "src"), step=4)
+    assembly.load_policy(setup, str(tmp_path / "src"), step=4)

@@ -27,17 +27,16 @@ import optax
 from flax import nnx, struct
 
 from envs import Env, planning
-from starpo_jax import rollout as rollout_lib
 from starpo_jax import sharding
+from starpo_jax.agent import rollout as rollout_lib
+from starpo_jax.agent.codec import Codec
+from starpo_jax.agent.parse import ANSWER_CLOSE
+from starpo_jax.agent.ragged import pack
+from starpo_jax.agent.rollout import RolloutConfig, Trajectory
+from starpo_jax.algo.logprobs import pack_generated, sequence_logprobs
+from starpo_jax.algo.state import TrainState
+from starpo_jax.algo.update import apply_gradients
 from starpo_jax.models.tokenizer import Tokenizer
-from starpo_jax.rollout import RolloutConfig, Trajectory
-from starpo_jax.step import (
-  TrainState,
-  apply_gradients,
-  pack_generated,
-  sequence_logprobs,
-)
-from starpo_jax.text import ANSWER_CLOSE, Codec, pack
 
 EXPERTS = ("planner", "random_valid")
 
