@@ -31,6 +31,9 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
+# Imports nothing from jax: the device count is set before jax loads.
+from starpo_jax.cli import app as cli_app
+
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Training configuration file.", lock_config=True
 )
@@ -384,5 +387,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config"])
-  app.run(main)
+  cli_app.run(main, required=["config"])

@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Any
 
+from starpo_jax.cli import app as cli_app
 from starpo_jax.run import assembly, evaluator
 
 
@@ -89,6 +90,10 @@ def main(argv: list[str]) -> dict[str, Any]:
   shown = flags.DEFINE_integer(
     "transcripts", 8, "Episodes written as readable text.", flag_values=fv
   )
+  if cli_app.wants_help(argv):
+    print(__doc__)
+    print(fv.get_help())
+    raise SystemExit(0)
   try:
     fv(argv)
   except flags.Error as e:

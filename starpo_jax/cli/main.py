@@ -27,6 +27,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from starpo_jax.cli import app as cli_app
 from starpo_jax.run import preemption, train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -78,5 +79,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config"])
-  app.run(main)
+  cli_app.run(main, required=["config"])
