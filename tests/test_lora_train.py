@@ -71,7 +71,7 @@ def test_only_adapters_train_and_the_base_is_the_reference():
   assert moments == sorted([v.shape for v in own.values() if v.ndim] * 2)
   before_c = leaves(state.critic)
   codec = sharding.replicate(setup.codec, setup.mesh)
-  with traced_at_most_once(train, "make_step"):
+  with traced_at_most_once(assembly, "make_step"):
     step = assembly.compile_step(setup, state, learner)
     state, first = step(state, codec)
     for _ in range(2):

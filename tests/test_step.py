@@ -21,7 +21,7 @@ from starpo_jax.algo import diagnostics, logprobs, losses, periodic
 from starpo_jax.algo import state as state_lib
 from starpo_jax.algo import step as step_lib
 from starpo_jax.algo import update as update_lib
-from starpo_jax.run import assembly, train
+from starpo_jax.run import assembly
 from tests.helpers import critic_with_opinions, traced_at_most_once
 
 
@@ -353,7 +353,7 @@ def _driver_step():
   learner = assembly.make_learner(setup)
   state = assembly.init_state(setup, learner)
   # Every call of this step in the tests must reuse its one trace.
-  with traced_at_most_once(train, "make_step"):
+  with traced_at_most_once(assembly, "make_step"):
     return setup, learner, assembly.compile_step(setup, state, learner)
 
 
