@@ -59,15 +59,11 @@ def phases(c, repeats: int, played: dict[str, Any]) -> dict[str, Any]:
   setup = assembly.build(c)
   learner = assembly.make_learner(setup)
   state = played.setdefault("state", assembly.init_state(setup, learner))
-  rcfg, algo, fcfg = setup.rollout_cfg, setup.algo, setup.filter_cfg
+  spec = assembly.step_spec(setup, learner)
   k_roll, k_perm = step_lib.step_keys(state)
   out: dict[str, Any] = {}
 
-  collect = jax.jit(
-    lambda s, codec, key: step_lib.collect(
-      learner, s, codec, setup.env, rcfg, key
-    )
-  )
+  collect = jax.jit(lambda s, codec, key: step_lib.collect(spec, s, codec, key))
   first, out["collect"] = common.time_jitted(
     collect, state, setup.codec, k_roll, repeats=repeats
   )
@@ -75,9 +71,7 @@ def phases(c, repeats: int, played: dict[str, Any]) -> dict[str, Any]:
   traj = played.setdefault("traj", collect(state, setup.codec, k_roll))
 
   prepare = jax.jit(
-    lambda s, codec, traj: step_lib.prepare_batch(
-      learner, s, codec, traj, rcfg, algo, fcfg
-    )
+    lambda s, codec, traj: step_lib.prepare_batch(spec, s, codec, traj)
   )
   first, out["prepare"] = common.time_jitted(
     prepare, state, setup.codec, traj, repeats=repeats
@@ -86,19 +80,11 @@ def phases(c, repeats: int, played: dict[str, Any]) -> dict[str, Any]:
   p = prepare(state, setup.codec, traj)
 
   update = jax.jit(
-    lambda s, batch, keep, allowed, key: update_lib.update(
-      learner,
-      s,
-      batch,
-      keep,
-      algo,
-      rcfg.temperature,
-      allowed,
-      key,
-      episodes=rcfg.batch,
+    lambda s, codec, batch, keep, key: update_lib.update(
+      spec, s, codec, batch, keep, key
     )
   )
-  args = (state, p.batch, p.selection.row_keep, setup.codec.allowed, k_perm)
+  args = (state, setup.codec, p.batch, p.selection.row_keep, k_perm)
   first, out["update"] = common.time_jitted(update, *args, repeats=repeats)
   out["update_compile"] = first - out["update"]
   stats = update(*args)[1]

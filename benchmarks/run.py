@@ -63,6 +63,7 @@ from benchmarks import common
 from configs import sokoban
 from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.algo import batch as batch_lib
+from starpo_jax.algo import spec as spec_lib
 from starpo_jax.algo import update as update_lib
 from starpo_jax.models import hf, transformer
 from starpo_jax.run import assembly
@@ -499,13 +500,14 @@ def update_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
   data = update_batch(pair)
   mb, length = data["tokens"].shape
   gen = data["positions"].shape[1]
-  temperature = setup.rollout_cfg.temperature
-  allowed = setup.codec.allowed
+  dist = spec_lib.Distribution(
+    setup.rollout_cfg.temperature, setup.codec.allowed
+  )
 
   def loss_fn(params, batch):
     # The step's own objective, on a batch where every token trains.
     return update_lib.policy_objective(
-      params, pair.policy_def, batch, algo, temperature, allowed
+      params, pair.policy_def, batch, algo, dist
     )[0]
 
   def update_fn(params, opt, batch):

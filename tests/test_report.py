@@ -149,9 +149,11 @@ def test_bad_workdirs_are_named(tmp_path, capsys):
   broken.mkdir()
   (broken / "metrics.jsonl").write_text("{not json\n")
   with pytest.raises(SystemExit, match=r"broken/metrics\.jsonl: not JSON"):
-    report.main([f"--workdir={broken}"])
+    report.main(["report", f"--workdir={broken}"])
   with pytest.raises(SystemExit, match="1 labels for 2 workdirs"):
-    report.main([f"--workdir={broken}", f"--workdir={empty}", "--label=x"])
+    report.main(
+      ["report", f"--workdir={broken}", f"--workdir={empty}", "--label=x"]
+    )
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

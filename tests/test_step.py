@@ -18,6 +18,7 @@ from reference import advantages as ref
 from starpo_jax.algo import advantages as adv_lib
 from starpo_jax.algo import batch as batch_lib
 from starpo_jax.algo import diagnostics, logprobs, losses, periodic
+from starpo_jax.algo import spec as spec_lib
 from starpo_jax.algo import state as state_lib
 from starpo_jax.algo import step as step_lib
 from starpo_jax.algo import update as update_lib
@@ -53,6 +54,7 @@ class Real:
   """One real step taken phase by phase with the step's own functions."""
 
   setup: Any
+  spec: spec_lib.StepSpec
   learner: state_lib.Learner
   state: state_lib.TrainState  # before the update
   prepared: batch_lib.Prepared
@@ -73,8 +75,7 @@ class Real:
       self.learner.policy_def,
       batch,
       algo or s.algo,
-      s.rollout_cfg.temperature,
-      s.codec.allowed,
+      self.spec.distribution(s.codec),
     )
 
 
@@ -86,32 +87,19 @@ def real() -> Real:
   learner = assembly.make_learner(setup)
   state = assembly.init_state(setup, learner)
   critic_with_opinions(state)
+  spec = assembly.step_spec(setup, learner)
   k_roll, k_perm = step_lib.step_keys(state)
   prepared = jax.jit(
-    lambda state, codec, key: step_lib.prepare(
-      learner,
-      state,
-      codec,
-      setup.env,
-      setup.rollout_cfg,
-      setup.algo,
-      setup.filter_cfg,
-      key,
-    )
+    lambda state, codec, key: step_lib.prepare(spec, state, codec, key)
   )(state, setup.codec, k_roll)
   updated, stats = jax.jit(
-    lambda state, batch, keep, key: update_lib.update(
-      learner,
-      state,
-      batch,
-      keep,
-      setup.algo,
-      setup.rollout_cfg.temperature,
-      setup.codec.allowed,
-      key,
+    lambda state, codec, batch, keep, key: update_lib.update(
+      spec, state, codec, batch, keep, key
     )
-  )(state, prepared.batch, prepared.selection.row_keep, k_perm)
-  return Real(setup, learner, state, prepared, updated, jax.device_get(stats))
+  )(state, setup.codec, prepared.batch, prepared.selection.row_keep, k_perm)
+  return Real(
+    setup, spec, learner, state, prepared, updated, jax.device_get(stats)
+  )
 
 
 @jax.jit
@@ -490,13 +478,14 @@ def test_the_gradient_split_adds_up_to_the_objective_and_follows_the_filter(
 ):
   s = real.setup
   algo = dataclasses.replace(s.algo, entropy_coef=0.05)
-  temp, allowed = s.rollout_cfg.temperature, s.codec.allowed
+  spec = dataclasses.replace(real.spec, algo=algo)
+  dist = spec.distribution(s.codec)
 
   @jax.jit
   def part(weights):
     return jax.grad(
       lambda p: periodic.term_objective(
-        p, real.learner.policy_def, real.batch, algo, temp, allowed, weights
+        p, real.learner.policy_def, real.batch, algo, dist, weights
       )[0]
     )(real.state.policy)
 
@@ -518,14 +507,11 @@ def test_the_gradient_split_adds_up_to_the_objective_and_follows_the_filter(
   group_std = np.asarray(scored.scores).reshape(2, 4).std(axis=1, ddof=1)
   m = jax.jit(
     lambda: periodic.gradient_split(
-      real.learner,
+      spec,
       real.state,
+      s.codec,
       real.batch,
       jnp.asarray(group_std, jnp.float32),
-      4,
-      algo,
-      temp,
-      allowed,
       3,
     )
   )()

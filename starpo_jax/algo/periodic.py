@@ -15,14 +15,14 @@ from flax import nnx
 
 from starpo_jax.agent.codec import Codec
 from starpo_jax.agent.rollout import (
-  RolloutConfig,
   context_needed,
 )
 from starpo_jax.algo import diagnostics, filtering
 from starpo_jax.algo.batch import Batch, Prepared
 from starpo_jax.algo.config import AlgoConfig
 from starpo_jax.algo.logprobs import sequence_logprobs
-from starpo_jax.algo.state import Learner, TrainState, joined, trainable
+from starpo_jax.algo.spec import Distribution, StepSpec
+from starpo_jax.algo.state import TrainState, joined, trainable
 from starpo_jax.algo.update import (
   batch_gradients,
   micro_batches,
@@ -42,14 +42,13 @@ def term_objective(
   policy_def: Any,
   batch: Batch,
   algo: AlgoConfig,
-  temperature: float,
-  allowed: jax.Array | None,
+  dist: Distribution,
   weights: jax.Array,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """``policy_objective``'s terms weighted by ``weights`` ``[3]``: the task
   (clipped policy) loss, the entropy bonus ``-entropy_coef * H`` and the
   KL loss ``kl_coef * KL``. Weights of ones give the objective itself."""
-  _, s = policy_objective(params, policy_def, batch, algo, temperature, allowed)
+  _, s = policy_objective(params, policy_def, batch, algo, dist)
   loss = (
     weights[0] * s["pg_loss"]
     - weights[1] * algo.entropy_coef * s["entropy"]
@@ -59,14 +58,11 @@ def term_objective(
 
 
 def gradient_split(
-  learner: Learner,
+  spec: StepSpec,
   state: TrainState,
+  codec: Codec,
   batch: Batch,
   group_std: jax.Array,
-  group_size: int,
-  algo: AlgoConfig,
-  temperature: float,
-  allowed: jax.Array | None,
   buckets: int,
 ) -> dict[str, jax.Array]:
   """Norms of the policy gradient's parts on the whole batch (what the
@@ -77,8 +73,10 @@ def gradient_split(
   bucket with no kept token has norm 0). RAGEN-2's gradient analysis: the
   task gradient of low-spread groups is small, so there regularisers
   dominate the update. ``group_std [groups]`` covers every rollout group
-  (of ``group_size`` episodes), the batch's rows some of them.
+  (of ``rollout.group_size`` episodes), the batch's rows some of them.
   """
+  learner, algo, dist = spec.learner, spec.algo, spec.distribution(codec)
+  group_size = spec.rollout.group_size
   b, length = batch.tokens.shape
   groups = group_std.shape[0]
   buckets = min(buckets, groups)
@@ -99,7 +97,7 @@ def gradient_split(
   def norm(args):
     w, mask = args
     objective = lambda p, mb: term_objective(
-      joined(p, frozen), learner.policy_def, mb, algo, temperature, allowed, w
+      joined(p, frozen), learner.policy_def, mb, algo, dist, w
     )
     grad_fn = batch_gradients(
       objective, batch.replace(mask=mask), micro, algo.loss_agg
@@ -118,29 +116,24 @@ def gradient_split(
 
 
 def diagnose(
-  learner: Learner,
-  state: TrainState,
-  codec: Codec,
-  p: Prepared,
-  rollout_cfg: RolloutConfig,
-  algo: AlgoConfig,
-  cfg: diagnostics.DiagnosticsConfig,
+  spec: StepSpec, state: TrainState, codec: Codec, p: Prepared
 ) -> dict[str, jax.Array]:
-  """The periodic diagnostics of the step after ``state.step``, at the
-  parameters that played ``p``: the collapse diagnostics every
-  ``cfg.collapse_every`` steps, the gradient split every
-  ``cfg.gradients_every`` (``diagnostics.periodic``: zeros elsewhere)."""
+  """The periodic diagnostics (``spec.diagnostics``) of the step after
+  ``state.step``, at the parameters that played ``p``: the collapse
+  diagnostics every ``collapse_every`` steps, the gradient split every
+  ``gradients_every`` (``diagnostics.periodic``: zeros elsewhere)."""
+  cfg, rollout_cfg = spec.diagnostics, spec.rollout
   out = {}
   number = state.step + 1
   if cfg.collapse_every:
-    policy = nnx.merge(learner.policy_def, state.policy)
+    policy = nnx.merge(spec.learner.policy_def, state.policy)
     logp_fn = lambda tokens, positions: sequence_logprobs(
       policy,
       tokens,
       positions,
       rollout_cfg.temperature,
       codec.allowed,
-      algo.logits_chunk,
+      spec.algo.logits_chunk,
     )[0]
     out.update(
       diagnostics.collapse(
@@ -162,15 +155,7 @@ def diagnose(
       rollout_cfg.env_groups,
     )
     compute = lambda: gradient_split(
-      learner,
-      state,
-      p.batch,
-      group_std,
-      rollout_cfg.group_size,
-      algo,
-      rollout_cfg.temperature,
-      codec.allowed,
-      cfg.buckets,
+      spec, state, codec, p.batch, group_std, cfg.buckets
     )
     out.update(
       diagnostics.periodic(compute, number % cfg.gradients_every == 0, "grads")

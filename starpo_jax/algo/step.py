@@ -3,9 +3,8 @@
   collect -> score (rewards, values, reference) -> select (StarPO-S filter)
   -> make_batch (advantages) -> update (epochs x minibatches) -> metrics
 
-  step = make_step(env=..., rollout_cfg=..., algo=..., filter_cfg=...,
-                   learner=...)        # static pieces closed over
-  step = jax.jit(step, donate_argnums=0)
+  spec = StepSpec(env=..., rollout=..., algo=..., filter=..., learner=...)
+  step = jax.jit(make_step(spec), donate_argnums=0)  # spec closed over
   state, metrics = step(state, codec)  # codec: the text tables
 
 Each phase is a module-level function over typed structs, so tests call the
@@ -24,7 +23,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from envs import Env
 from starpo_jax import sharding
 from starpo_jax.agent.codec import Codec
 from starpo_jax.agent.rollout import (
@@ -50,8 +48,8 @@ from starpo_jax.algo.logprobs import (
   sequence_values,
 )
 from starpo_jax.algo.periodic import diagnose
+from starpo_jax.algo.spec import StepSpec
 from starpo_jax.algo.state import (
-  Learner,
   TrainState,
   critic_base,
   frozen_base,
@@ -84,23 +82,26 @@ def turn_ends(traj: Trajectory) -> jax.Array:
 
 
 def collect(
-  learner: Learner,
+  spec: StepSpec,
   state: TrainState,
   codec: Codec,
-  env: Env,
-  cfg: RolloutConfig,
   key: jax.Array,
   constrain: Callable[[Any], Any] = lambda tree: tree,
 ) -> Trajectory:
-  """Plays ``cfg.batch`` episodes with the current policy (no gradient)."""
-  policy = nnx.merge(learner.policy_def, state.policy)
-  return jax.lax.stop_gradient(rollout(policy, codec, env, cfg, key, constrain))
+  """Plays ``rollout.batch`` episodes with the current policy (no
+  gradient)."""
+  policy = nnx.merge(spec.learner.policy_def, state.policy)
+  return jax.lax.stop_gradient(
+    rollout(policy, codec, spec.env, spec.rollout, key, constrain)
+  )
 
 
-def score_rewards(traj: Trajectory, cfg: RolloutConfig, algo: AlgoConfig):
+def score_rewards(
+  traj: Trajectory, rollout_cfg: RolloutConfig, algo: AlgoConfig
+):
   """The rollout's generated tokens, their sampling log-probabilities and
   rewards (no model runs; the reference and critic fields are 0)."""
-  positions, mask = pack_generated(traj, cfg.max_generated)
+  positions, mask = pack_generated(traj, rollout_cfg.max_generated)
   take = lambda x: jnp.take_along_axis(x, positions, axis=1)
   old_logp = take(traj.logprobs)
   zeros = jnp.zeros_like(old_logp)
@@ -118,17 +119,16 @@ def score_rewards(traj: Trajectory, cfg: RolloutConfig, algo: AlgoConfig):
 
 
 def score_models(
-  learner: Learner,
+  spec: StepSpec,
   state: TrainState,
+  codec: Codec,
   tokens: jax.Array,
   scored: Scored,
-  codec: Codec,
-  cfg: RolloutConfig,
-  algo: AlgoConfig,
 ) -> Scored:
   """``scored`` with the reference's log-probabilities (and the KL, in the
   rewards if ``algo.kl_in_reward``) and the critic's values on the
   episodes ``tokens [B, L']`` (``L'`` holding every generated token)."""
+  learner, algo, dist = spec.learner, spec.algo, spec.distribution(codec)
   positions, mask = scored.positions, scored.mask
   ref_logp, rewards, values = scored.ref_logp, scored.rewards, scored.values
   if algo.uses_reference:
@@ -140,8 +140,8 @@ def score_models(
       reference,
       tokens,
       positions,
-      cfg.temperature,
-      codec.allowed,
+      dist.temperature,
+      dist.allowed,
       algo.logits_chunk,
     )
     ref_logp = jax.lax.stop_gradient(ref_logp)
@@ -160,15 +160,13 @@ def score_models(
   )
 
 
-def held_groups(
-  cfg: filtering.FilterConfig, rollout_cfg: RolloutConfig, algo: AlgoConfig
-) -> int:
+def held_groups(spec: StepSpec) -> int:
   """Rollout groups the update holds: the filter's capacity, rounded up so
   that they fill whole minibatches (a minibatch is ``batch /
   algo.minibatches`` episodes, kept or not, as without compaction)."""
-  groups, size = rollout_cfg.env_groups, rollout_cfg.group_size
-  per_minibatch = rollout_cfg.batch // algo.minibatches
-  held = filtering.capacity(cfg, groups)
+  groups, size = spec.rollout.env_groups, spec.rollout.group_size
+  per_minibatch = spec.rollout.batch // spec.algo.minibatches
+  held = filtering.capacity(spec.filter, groups)
   while (held * size) % per_minibatch:
     held += 1
   return held
@@ -200,15 +198,11 @@ def select(
 
 
 def make_batch(
-  tokens: jax.Array,
-  scored: Scored,
-  selection: Selection,
-  algo: AlgoConfig,
-  filter_cfg: filtering.FilterConfig,
+  spec: StepSpec, tokens: jax.Array, scored: Scored, selection: Selection
 ) -> Batch:
   """Advantages over the kept episodes, and everything the update reads.
   ``tokens [rows, L]`` and ``scored`` hold the selection's rows."""
-  keep = selection.row_keep
+  algo, keep = spec.algo, selection.row_keep
   train_mask = scored.mask & keep[:, None]
   group_size = selection.keep.shape[0] // selection.keep_group.shape[0]
   advantages, returns = adv_lib.compute(
@@ -223,7 +217,7 @@ def make_batch(
     keep.shape[0] // group_size,
     algo,
   )
-  scale = filtering.loss_scale(selection.kept_fraction, filter_cfg)
+  scale = filtering.loss_scale(selection.kept_fraction, spec.filter)
   return Batch(
     tokens=tokens,
     positions=scored.positions,
@@ -238,32 +232,23 @@ def make_batch(
 
 
 def prepare(
-  learner: Learner,
+  spec: StepSpec,
   state: TrainState,
   codec: Codec,
-  env: Env,
-  rollout_cfg: RolloutConfig,
-  algo: AlgoConfig,
-  filter_cfg: filtering.FilterConfig,
   key: jax.Array,
   constrain: Callable[[Any], Any] = lambda tree: tree,
 ) -> Prepared:
   """collect -> score -> select -> make_batch, with the rollout key."""
   with jax.named_scope("collect"):
-    traj = collect(learner, state, codec, env, rollout_cfg, key, constrain)
-  return prepare_batch(
-    learner, state, codec, traj, rollout_cfg, algo, filter_cfg, constrain
-  )
+    traj = collect(spec, state, codec, key, constrain)
+  return prepare_batch(spec, state, codec, traj, constrain)
 
 
 def prepare_batch(
-  learner: Learner,
+  spec: StepSpec,
   state: TrainState,
   codec: Codec,
   traj: Trajectory,
-  rollout_cfg: RolloutConfig,
-  algo: AlgoConfig,
-  filter_cfg: filtering.FilterConfig,
   constrain: Callable[[Any], Any] = lambda tree: tree,
 ) -> Prepared:
   """score -> select -> make_batch on a rollout.
@@ -274,35 +259,33 @@ def prepare_batch(
   reward must be known before selecting, and then they score every
   episode.
   """
-  groups = rollout_cfg.env_groups
-  held = held_groups(filter_cfg, rollout_cfg, algo)
+  algo, groups = spec.algo, spec.rollout.env_groups
+  held = held_groups(spec)
   lengths = bucket_lengths(traj.tokens.shape[1], algo.length_buckets)
 
   def by_models(tokens: jax.Array, scored: Scored, mask: jax.Array):
     if not (algo.uses_reference or algo.uses_critic):
       return scored
     with jax.named_scope("score"):
-      fn = lambda t: score_models(
-        learner, state, t, scored, codec, rollout_cfg, algo
-      )
+      fn = lambda t: score_models(spec, state, codec, t, scored)
       return at_length(
         lengths, needed_length(mask, scored.positions), fn, tokens
       )[0]
 
   with jax.named_scope("score"):
-    scored = score_rewards(traj, rollout_cfg, algo)
+    scored = score_rewards(traj, spec.rollout, algo)
   reward_needs_models = algo.uses_reference and algo.kl_in_reward
   if reward_needs_models:
     scored = by_models(traj.tokens, scored, scored.mask)
   with jax.named_scope("select"):
-    selection = select(scored, filter_cfg, groups, held)
+    selection = select(scored, spec.filter, groups, held)
   rows = lambda x: x if held == groups else x[selection.rows]
   tokens, rows_scored = rows(traj.tokens), jax.tree.map(rows, scored)
   if not reward_needs_models:
     kept = rows_scored.mask & selection.row_keep[:, None]
     rows_scored = by_models(tokens, rows_scored, kept)
   with jax.named_scope("advantages"):
-    batch = make_batch(tokens, rows_scored, selection, algo, filter_cfg)
+    batch = make_batch(spec, tokens, rows_scored, selection)
   return Prepared(traj, scored, selection, rows_scored, constrain(batch))
 
 
@@ -312,32 +295,23 @@ def step_keys(state: TrainState) -> tuple[jax.Array, jax.Array]:
   return k_roll, k_perm
 
 
-def make_step(
-  *,
-  env: Env,
-  rollout_cfg: RolloutConfig,
-  algo: AlgoConfig,
-  filter_cfg: filtering.FilterConfig,
-  learner: Learner,
-  mesh: Any = None,
-  diag_cfg: diagnostics.DiagnosticsConfig | None = None,
-):
+def make_step(spec: StepSpec, mesh: Any = None):
   """Builds ``step(state, codec) -> (state, metrics)`` (jit it).
 
   With a ``mesh``, episode-batch arrays are sharded over its data and fsdp
-  axes (parameters follow the shardings the state arrives with). With a
-  ``diag_cfg``, every ``collapse_every`` steps the metrics include the
-  collapse diagnostics of the step's rollout scored by the policy that
+  axes (parameters follow the shardings the state arrives with). With
+  ``spec.diagnostics``, every ``collapse_every`` steps the metrics include
+  the collapse diagnostics of the step's rollout scored by the policy that
   played it (``diagnostics.collapse``), and every ``gradients_every`` steps
   the policy gradient split by term and bucket (``gradient_split``).
   """
-  b = rollout_cfg.batch
+  b, algo = spec.rollout.batch, spec.algo
   if b % algo.minibatches:
     raise ValueError(
       f"algo: minibatches={algo.minibatches} must divide the "
       f"{b} episodes of a step"
     )
-  held = held_groups(filter_cfg, rollout_cfg, algo) * rollout_cfg.group_size
+  held = held_groups(spec) * spec.rollout.group_size
   on_rollout = sharding.batch_constraint(mesh, b)
   on_held = sharding.batch_constraint(mesh, held)
   on_batch = lambda tree: on_held(on_rollout(tree))
@@ -345,28 +319,9 @@ def make_step(
 
   def step(state: TrainState, codec: Codec):
     k_roll, k_perm = step_keys(state)
-    p = prepare(
-      learner,
-      state,
-      codec,
-      env,
-      rollout_cfg,
-      algo,
-      filter_cfg,
-      k_roll,
-      on_batch,
-    )
+    p = prepare(spec, state, codec, k_roll, on_batch)
     new_state, stats = update(
-      learner,
-      state,
-      p.batch,
-      p.selection.row_keep,
-      algo,
-      rollout_cfg.temperature,
-      codec.allowed,
-      k_perm,
-      on_minibatch,
-      episodes=b,
+      spec, state, codec, p.batch, p.selection.row_keep, k_perm, on_minibatch
     )
     skipped = jnp.any(stats["skipped"])
     new_state = new_state.replace(
@@ -380,15 +335,13 @@ def make_step(
         p.selection,
         p.batch,
         stats,
-        rollout_cfg.group_size,
+        spec.rollout.group_size,
         algo,
       )
     metrics["train/nonfinite_streak"] = new_state.nonfinite.astype(jnp.float32)
-    if diag_cfg is not None:
+    if spec.diagnostics is not None:
       with jax.named_scope("diagnostics"):
-        metrics.update(
-          diagnose(learner, state, codec, p, rollout_cfg, algo, diag_cfg)
-        )
+        metrics.update(diagnose(spec, state, codec, p))
     return new_state, metrics
 
   return sharding.traced_for(mesh, step)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from starpo_jax.agent.codec import Codec
 from starpo_jax.algo import losses
 from starpo_jax.algo.batch import (
   Batch,
@@ -22,8 +23,8 @@ from starpo_jax.algo.batch import (
 )
 from starpo_jax.algo.config import AlgoConfig
 from starpo_jax.algo.logprobs import sequence_logprobs, sequence_values
+from starpo_jax.algo.spec import Distribution, StepSpec
 from starpo_jax.algo.state import (
-  Learner,
   TrainState,
   critic_base,
   joined,
@@ -39,17 +40,17 @@ def policy_objective(
   policy_def: Any,
   batch: Batch,
   algo: AlgoConfig,
-  temperature: float,
-  allowed: jax.Array | None,
+  dist: Distribution,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Clipped policy loss - entropy bonus (+ KL to the reference)."""
+  """Clipped policy loss - entropy bonus (+ KL to the reference), the
+  log-probabilities under ``dist``."""
   model = nnx.merge(policy_def, params)
   logp, ent = sequence_logprobs(
     model,
     batch.tokens,
     batch.positions,
-    temperature,
-    allowed,
+    dist.temperature,
+    dist.allowed,
     algo.logits_chunk,
   )
   m = batch.mask
@@ -208,19 +209,16 @@ def minibatches(
 
 
 def _losses(
-  learner: Learner,
-  state: TrainState,
-  algo: AlgoConfig,
-  temperature: float,
-  allowed: jax.Array | None,
+  spec: StepSpec, state: TrainState, dist: Distribution
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
   """The policy's and the critic's objectives of (what they train, a
   minibatch). With adapters only they are differentiated; the frozen
   weights are closed over."""
+  learner, algo = spec.learner, spec.algo
   frozen = trainable(learner, state.policy)[1]
   shared = critic_base(learner, state.policy)
   policy_loss = lambda p, b: policy_objective(
-    joined(p, frozen), learner.policy_def, b, algo, temperature, allowed
+    joined(p, frozen), learner.policy_def, b, algo, dist
   )
   critic_loss = lambda p, b: critic_objective(
     joined(p, shared), learner.critic_def, b, algo
@@ -229,23 +227,20 @@ def _losses(
 
 
 def update(
-  learner: Learner,
+  spec: StepSpec,
   state: TrainState,
+  codec: Codec,
   batch: Batch,
   keep: jax.Array,
-  algo: AlgoConfig,
-  temperature: float,
-  allowed: jax.Array | None,
   key: jax.Array,
   constrain: Callable[[Any], Any] = lambda tree: tree,
-  episodes: int | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-  """``algo.epochs`` x minibatches of clipped policy (and value) updates.
+  """``algo.epochs`` x minibatches of clipped policy (and value) updates
+  on ``batch``, whose rows ``keep`` train.
 
-  A minibatch is ``episodes / algo.minibatches`` rows (``episodes``: the
-  rollout's, which the batch may hold only some of; default the batch's).
-  Every minibatch runs at the shortest of ``bucket_lengths`` holding the
-  batch's kept tokens.
+  A minibatch is ``rollout.batch / algo.minibatches`` rows (the batch may
+  hold only some of the rollout's episodes). Every minibatch runs at the
+  shortest of ``bucket_lengths`` holding the batch's kept tokens.
 
   Returns:
     The state with new parameters and optimizer states, and per-minibatch
@@ -253,12 +248,13 @@ def update(
     on; ``skipped``: its update was not finite; ``length``: the sequence
     length it ran at).
   """
-  b, context = batch.tokens.shape
-  episodes = episodes or b
+  learner, algo = spec.learner, spec.algo
+  context = batch.tokens.shape[1]
+  episodes = spec.rollout.batch
   size = episodes // algo.minibatches
   lengths = bucket_lengths(context, algo.length_buckets)
   part, frozen = trainable(learner, state.policy)
-  policy_loss, critic_loss = _losses(learner, state, algo, temperature, allowed)
+  policy_loss, critic_loss = _losses(spec, state, spec.distribution(codec))
 
   def at(tokens: jax.Array):
     micro = micro_batches(size, tokens.shape[1], algo.micro_batch_tokens)

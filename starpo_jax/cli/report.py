@@ -18,15 +18,18 @@ player (dashed).
 
 from __future__ import annotations
 
-import argparse
 import base64
 import dataclasses
 import glob
 import html
 import os
+import sys
 from typing import Any
 
-from starpo_jax.run import metrics as log_lib
+from absl import flags
+
+from starpo_jax.cli import app as cli_app
+from starpo_jax.run import metrics as metrics_lib
 
 # Training panels: the mean of the last SMOOTH steps (one step's 8 or 16
 # levels make a noisy rate).
@@ -110,7 +113,7 @@ def load_run(workdir: str, label: str | None = None) -> Run:
   if not os.path.isfile(path):
     raise ValueError(f"{workdir}: no metrics.jsonl (not a training run)")
   try:
-    records = log_lib.read_metrics(workdir)
+    records = metrics_lib.read_metrics(workdir)
   except ValueError as e:
     raise ValueError(f"{path}: not JSON lines ({e})") from None
   if not records:
@@ -312,12 +315,10 @@ def report(
 ) -> dict[str, Any]:
   """Writes the plots and ``report.html``; returns their paths."""
   if not workdirs:
-    raise ValueError("report: no --workdir given")
+    raise ValueError("no --workdir given")
   labels = labels or [None] * len(workdirs)
   if len(labels) != len(workdirs):
-    raise ValueError(
-      f"report: {len(labels)} labels for {len(workdirs)} workdirs"
-    )
+    raise ValueError(f"{len(labels)} labels for {len(workdirs)} workdirs")
   runs = [load_run(w, lab) for w, lab in zip(workdirs, labels, strict=True)]
   names = [r.label for r in runs]
   if len(set(names)) < len(names):
@@ -330,25 +331,39 @@ def report(
   return {"html": path, "images": images}
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(
-    description=__doc__.splitlines()[0],
-    formatter_class=argparse.RawDescriptionHelpFormatter,
+def main(argv: list[str]) -> None:
+  """The command line (``argv[0]`` is the program name)."""
+  fv = flags.FlagValues()
+  workdirs = flags.DEFINE_multi_string(
+    "workdir", None, "A run directory (repeat for several).", flag_values=fv
   )
-  parser.add_argument(
-    "--workdir", action="append", required=True, help="a run directory"
+  labels = flags.DEFINE_multi_string(
+    "label", None, "One per --workdir (default: the paths).", flag_values=fv
   )
-  parser.add_argument("--label", action="append", help="one per --workdir")
-  parser.add_argument("--out", help="default: the first WORKDIR/report")
-  args = parser.parse_args(argv)
+  out = flags.DEFINE_string(
+    "out",
+    None,
+    "Output directory (default: the first WORKDIR/report).",
+    flag_values=fv,
+  )
+  if cli_app.wants_help(argv):
+    print(__doc__)
+    print(fv.get_help())
+    raise SystemExit(0)
   try:
-    written = report(args.workdir, args.out, args.label)
+    fv(argv)
+  except flags.Error as e:
+    raise SystemExit(f"report: {e}") from None
+  if not workdirs.value:
+    raise SystemExit("report: give at least one --workdir")
+  try:
+    written = report(workdirs.value, out.value, labels.value)
   except ValueError as e:
-    raise SystemExit(f"error: {e}") from None
+    raise SystemExit(f"report: {e}") from None
   for path in written["images"].values():
     print(f"wrote {path}")
   print(f"wrote {written['html']}")
 
 
 if __name__ == "__main__":
-  main()
+  main(sys.argv)

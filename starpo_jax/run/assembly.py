@@ -29,12 +29,13 @@ from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
 from starpo_jax.algo import diagnostics, filtering, sft
 from starpo_jax.algo.config import AlgoConfig
+from starpo_jax.algo.spec import StepSpec
 from starpo_jax.algo.state import CRITIC_OWN, Learner, TrainState, trainable
 from starpo_jax.algo.step import make_step
 from starpo_jax.models import hf, lora, transformer
 from starpo_jax.models import tokenizer as tokenizer_lib
 from starpo_jax.run import checkpoint, stopping
-from starpo_jax.run import metrics as log_lib
+from starpo_jax.run import metrics as metrics_lib
 
 # The run's config, as JSON, in its workdir.
 CONFIG_FILE = "config.json"
@@ -116,7 +117,9 @@ def build(
   ``devices`` (default: all) make the mesh.
   """
   env, eval_envs = _environments(config.env)
-  rcfg = _dataclass_from(rollout.RolloutConfig, config.rollout, "rollout")
+  rollout_cfg = _dataclass_from(
+    rollout.RolloutConfig, config.rollout, "rollout"
+  )
   algo = _dataclass_from(AlgoConfig, config.algo, "algo")
   filter_cfg = _dataclass_from(filtering.FilterConfig, config.filter, "filter")
   sft_cfg = _dataclass_from(sft.SftConfig, config.sft, "sft")
@@ -127,15 +130,15 @@ def build(
     diagnostics.DiagnosticsConfig, config.diagnostics, "diagnostics"
   )
   try:
-    log_lib.profile_range(config.train.get("profile", ""))
+    metrics_lib.profile_range(config.train.get("profile", ""))
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
-  if rcfg.batch % algo.minibatches:
+  if rollout_cfg.batch % algo.minibatches:
     raise ConfigError(
       f"config.algo.minibatches={algo.minibatches} must divide the "
-      f"{rcfg.batch} episodes (rollout.env_groups x rollout.group_size)"
+      f"{rollout_cfg.batch} episodes (rollout.env_groups x rollout.group_size)"
     )
-  settings = rcfg.prompt_settings()
+  settings = rollout_cfg.prompt_settings()
   tok = _tokenizer(
     config.model, [env, *eval_envs.values()], settings, shapes_only
   )
@@ -154,7 +157,7 @@ def build(
     try:
       sft.check(
         env,
-        sft.episodes_config(rcfg, sft_cfg, codec),
+        sft.episodes_config(rollout_cfg, sft_cfg, codec),
         sft.Replies.build(tok, env.spec.action_names),
         sft_cfg.expert,
       )
@@ -165,7 +168,7 @@ def build(
     env=env,
     eval_envs=eval_envs,
     tokenizer=tok,
-    rollout_cfg=rcfg,
+    rollout_cfg=rollout_cfg,
     algo=algo,
     filter_cfg=filter_cfg,
     sft_cfg=sft_cfg,
@@ -523,17 +526,21 @@ def _jit_step(fn, state: TrainState, mesh):
   )
 
 
+def step_spec(setup: Setup, learner: Learner) -> StepSpec:
+  """The static pieces of the run's RL step."""
+  return StepSpec(
+    env=setup.env,
+    rollout=setup.rollout_cfg,
+    algo=setup.algo,
+    filter=setup.filter_cfg,
+    learner=learner,
+    diagnostics=setup.diag_cfg,
+  )
+
+
 def compile_step(setup: Setup, state: TrainState, learner: Learner):
   """The jitted RL step."""
-  step = make_step(
-    env=setup.env,
-    rollout_cfg=setup.rollout_cfg,
-    algo=setup.algo,
-    filter_cfg=setup.filter_cfg,
-    learner=learner,
-    mesh=setup.mesh,
-    diag_cfg=setup.diag_cfg,
-  )
+  step = make_step(step_spec(setup, learner), setup.mesh)
   return _jit_step(step, state, setup.mesh)
 
 

@@ -15,6 +15,8 @@ import dataclasses
 import json
 import math
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -182,16 +184,26 @@ class Evaluator:
       )
       self.random[name] = _rate(np.asarray(sharding.local_value(wins)))
 
-  def trajectories(self, params: Any) -> dict[tuple[str, float], Any]:
+  def trajectories(
+    self, params: Any, report: Callable[[str], None] | None = None
+  ) -> dict[tuple[str, float], Any]:
     """The held-out episodes (host arrays) per environment and
-    temperature."""
-    return {
-      (name, t): jax.tree.map(
+    temperature; ``report``, if given, receives a line as each is done."""
+    out = {}
+    for i, ((name, t), run) in enumerate(self.runs.items()):
+      t0 = time.perf_counter()
+      out[(name, t)] = jax.tree.map(
         lambda x: np.asarray(sharding.local_value(x)),
         run(params, self.codecs[name], self.key),
       )
-      for (name, t), run in self.runs.items()
-    }
+      if report is not None:
+        seconds = time.perf_counter() - t0
+        report(
+          f"  [{i + 1}/{len(self.runs)}] {name} at t={t:g}: "
+          f"{100 * float(np.mean(out[(name, t)].success)):.1f}% "
+          f"({seconds:.0f} s)"
+        )
+    return out
 
   def stats(self, traj: Any) -> dict[str, float]:
     """Episode statistics and success with its interval."""
@@ -203,9 +215,11 @@ class Evaluator:
     out.update(_rate(np.asarray(traj.success)))
     return out
 
-  def __call__(self, params: Any) -> tuple[dict[str, float], dict[str, str]]:
+  def __call__(
+    self, params: Any, report: Callable[[str], None] | None = None
+  ) -> tuple[dict[str, float], dict[str, str]]:
     metrics, transcripts = {}, {}
-    for (name, t), traj in self.trajectories(params).items():
+    for (name, t), traj in self.trajectories(params, report).items():
       suffix = "" if t == self.temperatures[0] else f"@t{t:g}"
       for k, v in self.stats(traj).items():
         metrics[f"{name}/{k}{suffix}"] = v

@@ -28,7 +28,7 @@ from starpo_jax.run import (
   preemption,
   stopping,
 )
-from starpo_jax.run import metrics as log_lib
+from starpo_jax.run import metrics as metrics_lib
 
 
 class NonFiniteError(RuntimeError):
@@ -64,9 +64,9 @@ class _Run:
       os.path.join(os.path.abspath(workdir), "checkpoints"),
       c.train.keep_checkpoints,
     )
-    self.writer = log_lib.MetricWriter(workdir, enabled=self.primary)
-    self.progress = log_lib.Progress(self.total, enabled=self.primary)
-    self.profile = log_lib.Profile(c.train.get("profile", ""), workdir)
+    self.writer = metrics_lib.MetricWriter(workdir, enabled=self.primary)
+    self.progress = metrics_lib.Progress(self.total, enabled=self.primary)
+    self.profile = metrics_lib.Profile(c.train.get("profile", ""), workdir)
     self.evaluator = (
       evaluator.make_evaluator(setup, learner) if self.every else None
     )
@@ -111,9 +111,15 @@ class _Run:
       with open(os.path.join(self.workdir, "early_stop.txt"), "w") as f:
         f.write(line + "\n")
 
-  def evaluate(self, step: int, params: Any) -> dict[str, float]:
+  def evaluate(
+    self, step: int, params: Any, verbose: bool = False
+  ) -> dict[str, float]:
+    """Held-out evaluation; ``verbose``: a line per environment and
+    temperature as each is done."""
     t0 = time.perf_counter()
-    metrics, transcripts = self.evaluator(params)
+    metrics, transcripts = self.evaluator(
+      params, self.print if verbose else None
+    )
     metrics["time/eval_s"] = time.perf_counter() - t0
     self.evals[step] = metrics["eval/success"]
     if self.primary and transcripts:
@@ -192,11 +198,46 @@ def _restore(run: _Run, state: TrainState) -> TrainState:
 
 def _evaluate_start(r: _Run, state: TrainState, t_run: float) -> None:
   """Step 0's held-out evaluation, of the untrained (or loaded) policy."""
-  first = r.evaluate(0, state.policy)
+  start = "starting policy" if r.setup.config.train.init_from else "untrained"
+  t = r.setup.config.train
+  temps = " and ".join(f"t={x:g}" for x in t.eval_temperatures)
+  r.print(
+    f"evaluating the {start} policy on {t.eval_episodes} held-out levels "
+    f"at {temps} (each compiles on first use)"
+  )
+  first = r.evaluate(0, state.policy, verbose=True)
   first["time/elapsed_s"] = time.perf_counter() - t_run
   r.writer.write(0, first)
-  start = "starting policy" if r.setup.config.train.init_from else "untrained"
   r.print(f"{start}: {r.describe(first)}")
+
+
+def brief(setup: assembly.Setup, parameters: int, workdir: str) -> list[str]:
+  """What a run is about to do, in a few lines."""
+  c, rc, algo, f = setup.config, setup.rollout_cfg, setup.algo, setup.filter_cfg
+  m = setup.model_cfg
+  steps = f"{c.train.steps} RL steps"
+  if setup.sft_cfg.steps:
+    steps = f"{setup.sft_cfg.steps} warm-start steps, then {steps}"
+  kept = (
+    "every group"
+    if f.strategy == "top_p" and f.value >= 1
+    else f"groups by {f.metric}, {f.strategy} {f.value:g}"
+  )
+  devices = jax.devices()
+  return [
+    f"{c.env.name}: {steps} of {rc.batch} episodes ({rc.env_groups} groups "
+    f"x {rc.group_size}), up to {rc.max_turns} turns of "
+    f"{rc.max_new_tokens} tokens",
+    f"algorithm: {algo.adv_estimator} advantages, kept: {kept}, clip "
+    f"{algo.clip_low:g}/{algo.clip_high:g}, KL {algo.kl_coef:g}, "
+    f"lr {c.optim.lr:g}",
+    f"model: {c.model.ckpt or c.model.preset} ({m.num_layers} layers, "
+    f"{m.hidden_size} wide, {parameters / 1e6:.2f}M parameters, {m.dtype}"
+    + (f", LoRA rank {m.lora.rank}" if m.lora else "")
+    + f") on {len(devices)} {devices[0].platform} device(s)",
+    f"writing to {workdir}; every setting, resolved: "
+    f"{os.path.join(workdir, assembly.CONFIG_FILE)}",
+  ]
 
 
 def _host_metrics(metrics: dict[str, Any], step_s: float) -> dict[str, float]:
@@ -242,7 +283,11 @@ def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
   """``run``'s steps, from the workdir's checkpoint to the end, an early
   stop or a preemption."""
   setup, config = r.setup, r.setup.config
-  state = _restore(r, assembly.init_state(setup, learner))
+  state = assembly.init_state(setup, learner)
+  parameters = sum(x.size for x in jax.tree.leaves(state.policy))
+  for line in brief(setup, parameters, r.workdir):
+    r.print(line)
+  state = _restore(r, state)
   r.save_config()
   # Each phase compiles when it first runs (a resumed run may skip one).
   compilers = {"sft": assembly.compile_sft_step, "rl": assembly.compile_step}
@@ -258,6 +303,8 @@ def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     phase = "sft" if step < r.sft_steps else "rl"
     if phase not in compiled:
+      name = {"sft": "warm-start", "rl": "RL"}[phase]
+      r.print(f"compiling the {name} step (once; its first call runs it)")
       compiled[phase] = compilers[phase](setup, state, learner)
     r.profile.before(step + 1)
     state, metrics = compiled[phase](state, codec)

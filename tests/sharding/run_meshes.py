@@ -49,20 +49,17 @@ def gradient(setup, learner, state) -> np.ndarray:
   before the optimizer sees it, flattened. Adam's first step turns every
   coordinate into +-lr, so coordinates whose gradient is rounding noise
   may take either sign on another mesh; the gradient itself must agree."""
-  algo, rcfg = setup.algo, setup.rollout_cfg
+  spec = assembly.step_spec(setup, learner)
   k_roll, _ = step_lib.step_keys(state)
 
   def grad(state, codec, key):
-    p = step_lib.prepare(
-      learner, state, codec, setup.env, rcfg, algo, setup.filter_cfg, key
-    )
+    p = step_lib.prepare(spec, state, codec, key)
     objective = lambda params: periodic.term_objective(
       params,
       learner.policy_def,
       p.batch,
-      algo,
-      rcfg.temperature,
-      codec.allowed,
+      spec.algo,
+      spec.distribution(codec),
       jnp.ones(3),
     )[0]
     return jax.grad(objective)(state.policy)
