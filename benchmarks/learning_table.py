@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from starpo_jax import logging as log_lib
+from starpo_jax.run import metrics as metrics_lib
 
 
 def _pct(x: float) -> str:
@@ -38,7 +38,7 @@ def _eval(record: dict[str, Any], at: str = "") -> str:
 
 def summarize(workdir: str) -> dict[str, Any]:
   """The numbers of one run."""
-  records = log_lib.read_metrics(workdir)
+  records = metrics_lib.read_metrics(workdir)
   evals = [r for r in records if "eval/success" in r]
   if not evals:
     raise ValueError(f"{workdir}: no evaluation in metrics.jsonl")

@@ -10,7 +10,7 @@ group held and masked, the full context: ``filter.capacity`` = all groups,
 
 Each phase is jitted on its own (``step.collect``; ``step.prepare_batch``:
 score, select, advantages; ``step.update``), run once to compile and then
-timed (median of ``--repeats``); the whole step (``train.compile_step``,
+timed (median of ``--repeats``); the whole step (``assembly.compile_step``,
 one jit) is timed the same way. Compile time is reported apart.
 """
 
@@ -24,8 +24,9 @@ from typing import Any
 import jax
 
 from benchmarks import common
-from starpo_jax import step as step_lib
-from starpo_jax import train
+from starpo_jax.algo import step as step_lib
+from starpo_jax.algo import update as update_lib
+from starpo_jax.run import assembly
 
 
 def config(name: str, arg: str, overrides: list[str]):
@@ -55,18 +56,14 @@ def masked(c):
 def phases(c, repeats: int, played: dict[str, Any]) -> dict[str, Any]:
   """Seconds per phase (and compile seconds) of config ``c``. The first
   call plays the rollout that later ones reuse (``played``)."""
-  setup = train.build(c)
-  learner = train.make_learner(setup)
-  state = played.setdefault("state", train.init_state(setup, learner))
-  rcfg, algo, fcfg = setup.rollout_cfg, setup.algo, setup.filter_cfg
+  setup = assembly.build(c)
+  learner = assembly.make_learner(setup)
+  state = played.setdefault("state", assembly.init_state(setup, learner))
+  spec = assembly.step_spec(setup, learner)
   k_roll, k_perm = step_lib.step_keys(state)
   out: dict[str, Any] = {}
 
-  collect = jax.jit(
-    lambda s, codec, key: step_lib.collect(
-      learner, s, codec, setup.env, rcfg, key
-    )
-  )
+  collect = jax.jit(lambda s, codec, key: step_lib.collect(spec, s, codec, key))
   first, out["collect"] = common.time_jitted(
     collect, state, setup.codec, k_roll, repeats=repeats
   )
@@ -74,9 +71,7 @@ def phases(c, repeats: int, played: dict[str, Any]) -> dict[str, Any]:
   traj = played.setdefault("traj", collect(state, setup.codec, k_roll))
 
   prepare = jax.jit(
-    lambda s, codec, traj: step_lib.prepare_batch(
-      learner, s, codec, traj, rcfg, algo, fcfg
-    )
+    lambda s, codec, traj: step_lib.prepare_batch(spec, s, codec, traj)
   )
   first, out["prepare"] = common.time_jitted(
     prepare, state, setup.codec, traj, repeats=repeats
@@ -85,19 +80,11 @@ def phases(c, repeats: int, played: dict[str, Any]) -> dict[str, Any]:
   p = prepare(state, setup.codec, traj)
 
   update = jax.jit(
-    lambda s, batch, keep, allowed, key: step_lib.update(
-      learner,
-      s,
-      batch,
-      keep,
-      algo,
-      rcfg.temperature,
-      allowed,
-      key,
-      episodes=rcfg.batch,
+    lambda s, codec, batch, keep, key: update_lib.update(
+      spec, s, codec, batch, keep, key
     )
   )
-  args = (state, p.batch, p.selection.row_keep, setup.codec.allowed, k_perm)
+  args = (state, setup.codec, p.batch, p.selection.row_keep, k_perm)
   first, out["update"] = common.time_jitted(update, *args, repeats=repeats)
   out["update_compile"] = first - out["update"]
   stats = update(*args)[1]
@@ -105,8 +92,10 @@ def phases(c, repeats: int, played: dict[str, Any]) -> dict[str, Any]:
   out["length"] = int(stats["length"].reshape(-1)[0])
   out["minibatches_trained"] = int(stats["live"].sum())
 
-  whole = train.compile_step(setup, train.init_state(setup, learner), learner)
-  holder = {"state": train.init_state(setup, learner)}
+  whole = assembly.compile_step(
+    setup, assembly.init_state(setup, learner), learner
+  )
+  holder = {"state": assembly.init_state(setup, learner)}
 
   def run():
     holder["state"], m = whole(holder["state"], setup.codec)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from starpo_jax import report
+from starpo_jax.cli import report
 
 PANELS = (
   report.Panel(

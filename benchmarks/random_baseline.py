@@ -17,7 +17,7 @@ import argparse
 import jax
 
 import envs
-from starpo_jax import evaluate
+from starpo_jax.run import evaluator
 
 # (name, kwargs) as the configs play them.
 ENVS = (
@@ -31,7 +31,7 @@ def success_rate(env, episodes: int, actions: int, seed: int = 0) -> float:
   """Fraction of ``episodes`` new levels the random valid player solves."""
   k_reset, k_act = jax.random.split(jax.random.key(seed))
   states, _ = jax.vmap(env.reset)(jax.random.split(k_reset, episodes))
-  wins = jax.jit(evaluate.random_valid_success, static_argnums=(0, 2))(
+  wins = jax.jit(evaluator.random_valid_success, static_argnums=(0, 2))(
     env, states, actions, k_act
   )
   return float(wins.mean())

@@ -22,7 +22,8 @@ import numpy as np
 
 import envs
 from benchmarks import common
-from starpo_jax import rollout, text
+from starpo_jax.agent import codec as codec_lib
+from starpo_jax.agent import rollout
 from starpo_jax.models import tokenizer as tokenizer_lib
 from starpo_jax.models import transformer
 
@@ -48,12 +49,12 @@ def bench(
     max_context=1 << 30,  # replaced below once the prompt size is known
   )
   settings = cfg.prompt_settings()
-  tok = tokenizer_lib.build_compact(text.prompt_pieces(env.spec, settings))
+  tok = tokenizer_lib.build_compact(codec_lib.prompt_pieces(env.spec, settings))
   overrides = {"vocab_size": tok.vocab_size} if model_name == "tiny" else {}
   model_cfg = transformer.preset(
     model_name, dtype=dtype, param_dtype=dtype, **overrides
   )
-  codec = text.Codec.build(tok, env.spec, settings, model_cfg.vocab_size)
+  codec = codec_lib.Codec.build(tok, env.spec, settings, model_cfg.vocab_size)
   chunk = codec.turn_chunk_size(turns, cfg.max_actions_per_traj)
   context = len(codec.fragments.system) + turns * (chunk + max_new_tokens)
   cfg = rollout.RolloutConfig(**{**cfg.__dict__, "max_context": context})

@@ -61,10 +61,12 @@ from flax import nnx
 
 from benchmarks import common
 from configs import sokoban
-from starpo_jax import rollout as rollout_lib
-from starpo_jax import step as step_lib
-from starpo_jax import train
+from starpo_jax.agent import rollout as rollout_lib
+from starpo_jax.algo import batch as batch_lib
+from starpo_jax.algo import spec as spec_lib
+from starpo_jax.algo import update as update_lib
 from starpo_jax.models import hf, transformer
+from starpo_jax.run import assembly
 
 SUITES = ("env", "rollout", "update", "iteration")
 # Asked for by name only (not in "all"): it needs Tunix's environment.
@@ -251,8 +253,8 @@ class Pair:
   ):
     """``overrides``: config settings by dotted name, set on the workload
     (e.g. ``{"rollout.answer_vocab": False}``)."""
+    from starpo_jax.agent.codec import prompt_pieces
     from starpo_jax.models import tokenizer as tokenizer_lib
-    from starpo_jax.text import prompt_pieces
 
     if size not in SIZES:
       raise ValueError(f"size {size!r} is not one of {SIZES}")
@@ -275,8 +277,8 @@ class Pair:
     for name, value in (overrides or {}).items():
       section, key = name.split(".")
       self.config[section][key] = value
-    self.setup = train.build(self.config)
-    self.learner = train.make_learner(self.setup)
+    self.setup = assembly.build(self.config)
+    self.learner = assembly.make_learner(self.setup)
     self.policy_def = self.learner.policy_def
     self.model_cfg = self.setup.model_cfg
     self.model_dir = os.path.join(workdir, f"hf-{model}-{dtype}")
@@ -287,7 +289,7 @@ class Pair:
 
   def init_jax(self) -> None:
     """The JAX train state; its policy's weights written for PyTorch."""
-    self.state = train.init_state(self.setup, self.learner)
+    self.state = assembly.init_state(self.setup, self.learner)
     if not os.path.exists(self.model_dir):
       hf.save(nnx.merge(self.policy_def, self.state.policy), self.model_dir)
 
@@ -498,13 +500,14 @@ def update_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
   data = update_batch(pair)
   mb, length = data["tokens"].shape
   gen = data["positions"].shape[1]
-  temperature = setup.rollout_cfg.temperature
-  allowed = setup.codec.allowed
+  dist = spec_lib.Distribution(
+    setup.rollout_cfg.temperature, setup.codec.allowed
+  )
 
   def loss_fn(params, batch):
     # The step's own objective, on a batch where every token trains.
-    return step_lib.policy_objective(
-      params, pair.policy_def, batch, algo, temperature, allowed
+    return update_lib.policy_objective(
+      params, pair.policy_def, batch, algo, dist
     )[0]
 
   def update_fn(params, opt, batch):
@@ -522,7 +525,7 @@ def update_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
     out_shardings=(*placed, None),
   )
   zeros = jnp.zeros((mb, gen), jnp.float32)
-  batch = step_lib.Batch(
+  batch = batch_lib.Batch(
     tokens=jnp.asarray(data["tokens"]),
     positions=jnp.asarray(data["positions"]),
     mask=jnp.ones((mb, gen), bool),
@@ -598,7 +601,7 @@ ITERATION_BASELINES = (
 
 def iteration_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
   setup = pair.setup
-  step = train.compile_step(setup, pair.state, pair.learner)
+  step = assembly.compile_step(setup, pair.state, pair.learner)
   holder = {"state": pair.state}
   tokens = []
 

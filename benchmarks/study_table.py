@@ -16,7 +16,7 @@ import argparse
 import os
 from typing import Any
 
-from starpo_jax import report
+from starpo_jax.cli import report
 
 WINDOW = 10
 

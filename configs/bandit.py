@@ -27,14 +27,11 @@ def get_config(arg=None):
     c.rollout.max_new_tokens = 4
     c.rollout.max_context = 192
     # Warm start on random valid pulls: it teaches answering with one of
-    # the two offered names (a copy the tiny model learns abruptly, between
-    # its 20th and 40th step), not which one. From scratch, RL alone named
-    # an offered arm in under 10% of answers after 100 steps.
+    # the two offered names, not which one.
     c.sft.steps = 60
     c.sft.episodes = 64
     c.sft.expert = "random_valid"
-    # RL learns which name is the risky one. At lr 1e-3 it swung the rate
-    # of valid answers between 10% and 75%.
+    # RL learns which name is the risky one.
     c.train.steps = 60
     c.optim.lr = 3e-4
     c.rollout.env_groups = 16

@@ -15,12 +15,12 @@ from typing import Any
 
 import ml_collections
 
-from starpo_jax.diagnostics import DiagnosticsConfig
-from starpo_jax.filtering import FilterConfig
-from starpo_jax.rollout import RolloutConfig
-from starpo_jax.sft import SftConfig
-from starpo_jax.step import AlgoConfig
-from starpo_jax.stopping import StopConfig
+from starpo_jax.agent.rollout import RolloutConfig
+from starpo_jax.algo.config import AlgoConfig
+from starpo_jax.algo.diagnostics import DiagnosticsConfig
+from starpo_jax.algo.filtering import FilterConfig
+from starpo_jax.algo.sft import SftConfig
+from starpo_jax.run.stopping import StopConfig
 
 # --config=FILE:key=value,... keys and their defaults.
 ARG_DEFAULTS = {"model": "tiny", "ckpt": "", "algo": "starpo_s"}
@@ -244,19 +244,16 @@ def apply_model(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
     c.optim.lr = 1e-3
     c.optim.critic_lr = 1e-3
     c.optim.weight_decay = 0.0
-    # Each episode weighs the same whatever its length: with token-mean
-    # (and lr 1e-3 and a fresh critic) the long failing episodes' negative
-    # advantages fell mostly on "</answer>" and " || ", and the warm-started
-    # Sokoban policy forgot the answer format within 10 steps.
+    # Each episode weighs the same whatever its length.
     c.algo.loss_agg = "seq-mean-token-mean"
-    # Its episodes nearly fill the trimmed contexts (Sokoban: 298 of 320
-    # tokens), so a shorter bucket would never run; each costs a compile.
+    # One update length: its episodes nearly fill the trimmed contexts, so
+    # a shorter bucket would never run, and each costs a compile.
     c.algo.length_buckets = 1
     if args["algo"] in ("starpo_s", "starpo_s2"):
-      # StarPO-S's filter, clipping and KL choices with group-relative
-      # advantages: a critic trained from scratch beside the tiny policy
-      # gave the same gain per step on Sokoban (+15 points in 60 steps
-      # against +16) at 1.8x the step time.
+      # NOT the preset's critic: StarPO-S's filter, clipping and KL with
+      # group-relative advantages (GRPO) for the tiny model; the run's
+      # first lines say so ("algorithm: grpo advantages"). Why:
+      # docs/results.md, "Why these settings".
       c.algo.adv_estimator = "grpo"
   else:
     c.model.dtype = "bfloat16"

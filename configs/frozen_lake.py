@@ -21,16 +21,14 @@ def get_config(arg=None):
   if args["model"] == "tiny":
     c.rollout.max_new_tokens = 8
     c.rollout.max_context = 192
-    # Warm start on the first turns of shortest safe paths (held-out
-    # success 50% after 150 steps), then StarPO-S at a learning rate that
-    # keeps what the warm start taught (as for Sokoban).
+    # Warm start on the first turns of shortest safe paths, then StarPO-S
+    # at a learning rate that keeps what the warm start taught.
     c.sft.steps = 150
     c.train.steps = 300
     c.train.eval_every = 50
     c.optim.lr = 1e-4
-    # 16 levels of 8 episodes: the filter keeps 4 levels a step rather
-    # than 2. With 8 x 16, RL added 10 points in 100 steps (best 13) to a
-    # 200-step warm start; with 16 x 8, 20 points in 300 steps to this one.
+    # 16 levels of 8 episodes a step, so that the filter's quarter keeps 4
+    # levels rather than 2 (docs/results.md, "Why these settings").
     c.rollout.env_groups = 16
     c.rollout.group_size = 8
   return c

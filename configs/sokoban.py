@@ -28,14 +28,11 @@ def get_config(arg=None):
     c.rollout.max_new_tokens = 8
     c.rollout.max_context = 320
     # Warm start: 250 steps imitating the first turns of shortest solutions
-    # (held-out success 43% after 150 steps and after 250), then StarPO-S.
-    # RL from the 150-step policy (entropy 0.46 a token) gained nothing in
-    # its first 100 steps and 11 points in 200; from the 250-step one
-    # (entropy 0.31), 15 points in 150 steps and 20 in 200.
+    # (the planner's), then 200 StarPO-S steps, evaluated every 50.
     c.sft.steps = 250
     c.train.steps = 200
     c.train.eval_every = 50
-    # RL from the warm start: 3e-4 undid it within 60 steps, 1e-4 added
-    # 16 points.
+    # RL's learning rate, smaller than the warm start's so that RL refines
+    # what imitation taught (docs/results.md, "Why these settings").
     c.optim.lr = 1e-4
   return c

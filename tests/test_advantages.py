@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference import advantages as ref
-from starpo_jax import advantages as adv
+from starpo_jax.algo import advantages as adv
 
 B, L, GROUPS = 6, 12, 2
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from starpo_jax import checkpoint
+from starpo_jax.run import checkpoint
 
 
 def state(**arrays) -> nnx.State:

@@ -16,8 +16,11 @@ import pytest
 from flax import nnx
 
 from configs import sokoban
-from starpo_jax import filtering, train
-from starpo_jax import step as step_lib
+from starpo_jax.algo import batch as batch_lib
+from starpo_jax.algo import filtering
+from starpo_jax.algo import step as step_lib
+from starpo_jax.algo import update as update_lib
+from starpo_jax.run import assembly
 from tests.helpers import critic_with_opinions
 
 GROUPS, GROUP_SIZE = 4, 2
@@ -40,42 +43,30 @@ def config():
 @functools.cache
 def played():
   """One rollout, and the state that played it (critic with opinions)."""
-  setup = train.build(config())
-  learner = train.make_learner(setup)
-  state = train.init_state(setup, learner)
+  setup = assembly.build(config())
+  learner = assembly.make_learner(setup)
+  state = assembly.init_state(setup, learner)
   critic_with_opinions(state)
+  spec = assembly.step_spec(setup, learner)
   k_roll, _ = step_lib.step_keys(state)
   traj = jax.jit(
-    lambda state, codec, key: step_lib.collect(
-      learner, state, codec, setup.env, setup.rollout_cfg, key
-    )
+    lambda state, codec, key: step_lib.collect(spec, state, codec, key)
   )(state, setup.codec, k_roll)
   # An untrained policy earns the same in every episode; these returns give
   # the groups reward spreads 0, 1.41, 0.71 and 2.12.
   returns = jnp.asarray([1, 1, 0, 2, 0.5, -0.5, 3, 0], jnp.float32)
-  return setup, learner, state, traj.replace(episode_return=returns)
+  return setup, spec, state, traj.replace(episode_return=returns)
 
 
 def train_on(filter_cfg, algo=None):
   """The step after the rollout: prepare_batch and update, jitted."""
-  setup, learner, state, traj = played()
-  algo = algo or setup.algo
-  rcfg = setup.rollout_cfg
+  setup, spec, state, traj = played()
+  spec = dataclasses.replace(spec, filter=filter_cfg, algo=algo or spec.algo)
 
   def fn(state, codec, traj, key):
-    p = step_lib.prepare_batch(
-      learner, state, codec, traj, rcfg, algo, filter_cfg
-    )
-    new, stats = step_lib.update(
-      learner,
-      state,
-      p.batch,
-      p.selection.row_keep,
-      algo,
-      rcfg.temperature,
-      codec.allowed,
-      key,
-      episodes=rcfg.batch,
+    p = step_lib.prepare_batch(spec, state, codec, traj)
+    new, stats = update_lib.update(
+      spec, state, codec, p.batch, p.selection.row_keep, key
     )
     return p, new, stats
 
@@ -216,19 +207,21 @@ def test_linear_top_p_never_keeps_more_than_its_capacity():
 
 
 def test_capacity_rounds_up_to_whole_minibatches():
-  setup = played()[0]
+  spec = played()[1]
+  spec = dataclasses.replace(
+    spec, filter=filtering.FilterConfig(strategy="top_k_abs", value=3)
+  )
   # Minibatches of 4 episodes (two groups of two): 3 groups become 4.
-  algo = dataclasses.replace(setup.algo, minibatches=2)
-  cfg = filtering.FilterConfig(strategy="top_k_abs", value=3)
-  assert step_lib.held_groups(cfg, setup.rollout_cfg, algo) == 4
-  assert step_lib.held_groups(cfg, setup.rollout_cfg, setup.algo) == 3
+  algo = dataclasses.replace(spec.algo, minibatches=2)
+  assert step_lib.held_groups(dataclasses.replace(spec, algo=algo)) == 4
+  assert step_lib.held_groups(spec) == 3
 
 
 def test_bucket_lengths():
-  assert step_lib.bucket_lengths(768, 4) == (256, 384, 640, 768)
-  assert step_lib.bucket_lengths(320, 4) == (128, 256, 320)
-  assert step_lib.bucket_lengths(2048, 4) == (512, 1024, 1536, 2048)
-  assert step_lib.bucket_lengths(384, 1) == (384,)
+  assert batch_lib.bucket_lengths(768, 4) == (256, 384, 640, 768)
+  assert batch_lib.bucket_lengths(320, 4) == (128, 256, 320)
+  assert batch_lib.bucket_lengths(2048, 4) == (512, 1024, 1536, 2048)
+  assert batch_lib.bucket_lengths(384, 1) == (384,)
 
 
 def test_the_bucketed_update_equals_the_full_length_one():
@@ -243,38 +236,38 @@ def test_the_bucketed_update_equals_the_full_length_one():
 
 
 def test_batches_needing_other_buckets_reuse_one_compile():
-  setup, learner, state, traj = played()
-  cfg = filtering.FilterConfig(strategy="top_k", value=0.5)
-  algo = dataclasses.replace(setup.algo, length_buckets=3)
+  setup, spec, state, traj = played()
+  algo = dataclasses.replace(spec.algo, length_buckets=3)
+  spec = dataclasses.replace(
+    spec, algo=algo, filter=filtering.FilterConfig(strategy="top_k", value=0.5)
+  )
   p = jax.jit(
-    lambda state, codec, traj: step_lib.prepare_batch(
-      learner, state, codec, traj, setup.rollout_cfg, algo, cfg
-    )
+    lambda state, codec, traj: step_lib.prepare_batch(spec, state, codec, traj)
   )(state, setup.codec, traj)
 
   @jax.jit
   @chex.assert_max_traces(n=1)
-  def update(state, batch, keep, allowed, key):
-    return step_lib.update(
-      learner, state, batch, keep, algo, 1.0, allowed, key, episodes=8
-    )
+  def update(state, codec, batch, keep, key):
+    return update_lib.update(spec, state, codec, batch, keep, key)
 
   key = jax.random.key(0)
   keep = p.selection.row_keep
-  _, stats = update(state, p.batch, keep, setup.codec.allowed, key)
+  _, stats = update(state, setup.codec, p.batch, keep, key)
   # The same batch with its tokens after position 100 untrained: it fits
   # the shortest bucket.
   short = p.batch.replace(mask=p.batch.mask & (p.batch.positions < 100))
-  got, short_stats = update(state, short, keep, setup.codec.allowed, key)
+  got, short_stats = update(state, setup.codec, short, keep, key)
   long_len = int(np.asarray(stats["length"]).ravel()[0])
   short_len = int(np.asarray(short_stats["length"]).ravel()[0])
   assert short_len == 128 < long_len
-  full = dataclasses.replace(algo, length_buckets=1)
+  full = dataclasses.replace(
+    spec, algo=dataclasses.replace(algo, length_buckets=1)
+  )
   want = jax.jit(
-    lambda state, batch, keep, allowed, key: step_lib.update(
-      learner, state, batch, keep, full, 1.0, allowed, key, episodes=8
+    lambda state, codec, batch, keep, key: update_lib.update(
+      full, state, codec, batch, keep, key
     )
-  )(state, short, keep, setup.codec.allowed, key)
+  )(state, setup.codec, short, keep, key)
   for a, b in zip(
     jax.tree.leaves(nnx.to_pure_dict(got.policy)),
     jax.tree.leaves(nnx.to_pure_dict(want[0].policy)),
@@ -286,5 +279,5 @@ def test_batches_needing_other_buckets_reuse_one_compile():
 def test_the_needed_length_holds_the_last_trained_token():
   positions = jnp.asarray([[3, 4, 9], [5, 127, 128]])
   mask = jnp.asarray([[True, True, True], [True, True, False]])
-  assert int(step_lib.needed_length(mask, positions)) == 128
-  assert int(step_lib.needed_length(jnp.ones((2, 3), bool), positions)) == 129
+  assert int(batch_lib.needed_length(mask, positions)) == 128
+  assert int(batch_lib.needed_length(jnp.ones((2, 3), bool), positions)) == 129

@@ -111,7 +111,7 @@ def test_slices_smaller_than_a_host_have_their_own_bounds():
   # TPU host (2x2 chips): libtpu needs the slice's own host bounds.
   from jax.experimental import topologies
 
-  from starpo_jax import compile_check as cc
+  from starpo_jax.cli import compile_check as cc
 
   one = cc.SLICES["v5e-1"]
   topology = topologies.get_topology_desc(

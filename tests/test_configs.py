@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from configs import common, sokoban
-from starpo_jax import filtering, rollout, train
+from starpo_jax.agent import rollout
+from starpo_jax.algo import filtering
+from starpo_jax.run import assembly
 
 # In-group reward standard deviations of eight hand-made groups.
 SPREAD = [0.0, 0.5, 3.0, 0.0, 1.0, 2.0, 0.25, 0.0]
@@ -71,7 +73,7 @@ def test_new_environment_configs_build(name, env):
   """Each config builds its environment, tokenizer and codec (the README's
   short runs show they train); the tiny model's context holds every turn."""
   config = importlib.import_module(f"configs.{name}").get_config(None)
-  setup = train.build(config)
+  setup = assembly.build(config)
   assert setup.env.spec.name == env
   cfg = setup.rollout_cfg
   need = rollout.context_needed(setup.codec, cfg, cfg.max_turns)

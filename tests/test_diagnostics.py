@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from starpo_jax import diagnostics
-from starpo_jax.rollout import Trajectory
+from starpo_jax.agent.rollout import Trajectory
+from starpo_jax.algo import diagnostics
 
 G, K = 4, 3  # groups, episodes per group
 B = G * K

@@ -18,8 +18,10 @@ import pytest
 
 from configs import sokoban
 from reference import text as ref_text
-from starpo_jax import evaluate, rollout, train
-from starpo_jax import step as step_lib
+from starpo_jax.agent import rollout
+from starpo_jax.algo import step as step_lib
+from starpo_jax.cli import evaluate as evaluate_cli
+from starpo_jax.run import assembly, evaluator, train
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import peer_of
 
@@ -52,7 +54,7 @@ def evaluated(run_dir):
     "--temperatures=1.0,0",
     "--transcripts=3",
   ]
-  summary = evaluate.main(argv)
+  summary = evaluate_cli.main(argv)
   return summary
 
 
@@ -99,12 +101,12 @@ def test_summary_matches_the_episodes_written(evaluated):
 
 
 def test_transcripts_replay_in_the_plain_python_rules(run_dir, evaluated):
-  config = train.load_config(run_dir)
-  setup = train.build(config)
+  config = assembly.load_config(run_dir)
+  setup = assembly.build(config)
   cfg = dataclasses.replace(
     setup.rollout_cfg, env_groups=LEVELS, group_size=SAMPLES
   )
-  key = rollout.reset_key(evaluate.held_out_key(config.seed))
+  key = rollout.reset_key(evaluator.held_out_key(config.seed))
   states = to_numpy(rollout.reset(setup.env, cfg, key))
   names = setup.env.spec.action_names
   records = read_jsonl(os.path.join(evaluated["out"], "eval_t1.jsonl"))
@@ -145,15 +147,17 @@ def test_transcripts_replay_in_the_plain_python_rules(run_dir, evaluated):
 
 def test_bad_requests_are_named(tmp_path, run_dir):
   with pytest.raises(SystemExit, match="exactly one of --workdir and --ckpt"):
-    evaluate.main(["evaluate"])
+    evaluate_cli.main(["evaluate"])
   with pytest.raises(SystemExit, match=r"config\.json.*does not exist"):
-    evaluate.main(["evaluate", f"--workdir={tmp_path}"])
+    evaluate_cli.main(["evaluate", f"--workdir={tmp_path}"])
   with pytest.raises(SystemExit, match="--ckpt needs --config"):
-    evaluate.main(["evaluate", f"--ckpt={run_dir}"])
+    evaluate_cli.main(["evaluate", f"--ckpt={run_dir}"])
   with pytest.raises(SystemExit, match=r"no checkpoint at step 4.*\[3, 6\]"):
-    evaluate.main(["evaluate", f"--workdir={run_dir}", "--step=4"])
+    evaluate_cli.main(["evaluate", f"--workdir={run_dir}", "--step=4"])
   with pytest.raises(SystemExit, match="not numbers"):
-    evaluate.main(["evaluate", f"--workdir={run_dir}", "--temperatures=hot"])
+    evaluate_cli.main(
+      ["evaluate", f"--workdir={run_dir}", "--temperatures=hot"]
+    )
 
 
 def test_held_out_levels_are_no_training_steps_levels():
@@ -175,7 +179,7 @@ def test_held_out_levels_are_no_training_steps_levels():
 
   trained = jax.vmap(training)(jnp.arange(2000)).reshape(-1, 2)
   evaluated = level_keys(
-    rollout.reset_key(evaluate.held_out_key(seed)), held_out
+    rollout.reset_key(evaluator.held_out_key(seed)), held_out
   )
   seen = {tuple(k) for k in np.asarray(trained).tolist()}
   assert len(seen) == trained.shape[0]  # distinct among themselves too

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from starpo_jax import filtering
+from starpo_jax.algo import filtering
 
 
 def reference_keep(scores, cfg: filtering.FilterConfig) -> set[int]:

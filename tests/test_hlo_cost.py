@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from starpo_jax import hlo_cost
+from starpo_jax.run import hlo_cost
 
 B, D = 8, 64
 MATMUL = 2 * B * D * D  # one [B, D] @ [D, D]

@@ -9,8 +9,8 @@ import jax
 import pytest
 
 from configs import frozen_lake
-from starpo_jax import checkpoint, train
-from starpo_jax import logging as log_lib
+from starpo_jax.run import assembly, checkpoint, train
+from starpo_jax.run import metrics as metrics_lib
 
 WARM, RL = 30, 3
 
@@ -24,7 +24,7 @@ def test_held_out_success_rises_over_a_short_warm_start_and_rl(tmp_path):
   c.train.eval_temperatures = (0.0,)
   c.train.checkpoint_every = 1000
   summary = train.run(c, str(tmp_path))
-  records = {r["step"]: r for r in log_lib.read_metrics(str(tmp_path))}
+  records = {r["step"]: r for r in metrics_lib.read_metrics(str(tmp_path))}
   untrained, warm, final = records[0], records[WARM], records[WARM + RL]
   assert untrained["eval/success"] < 0.05
   assert untrained["eval/valid_action_rate"] < 0.2
@@ -52,11 +52,11 @@ def test_held_out_success_rises_over_a_short_warm_start_and_rl(tmp_path):
   assert "sft/loss" in records[WARM] and "rollout/success" not in records[WARM]
   assert "rollout/success" in final and "sft/loss" not in final
   # The boundary is checkpointed, with the optimizer's step count reset.
-  setup = train.build(c)
+  setup = assembly.build(c)
   ckpt = checkpoint.Checkpointer(str(tmp_path / "checkpoints"), 3)
   assert WARM in ckpt.manager.all_steps()
   restored = ckpt.restore(
-    WARM, train.init_state(setup, train.make_learner(setup))
+    WARM, assembly.init_state(setup, assembly.make_learner(setup))
   )
   ckpt.close()
   counts = [

@@ -17,8 +17,10 @@ import pytest
 from flax import nnx
 
 from configs import bandit
-from starpo_jax import checkpoint, evaluate, sharding, train
+from starpo_jax import sharding
+from starpo_jax.cli import hf as hf_cli
 from starpo_jax.models import hf, lora, transformer
+from starpo_jax.run import assembly, checkpoint, evaluator, train
 from tests.helpers import traced_at_most_once
 
 
@@ -44,10 +46,10 @@ def leaves(tree):
 
 def test_only_adapters_train_and_the_base_is_the_reference():
   # The config trains a critic (GAE) too.
-  setup = train.build(config())
-  learner = train.make_learner(setup)
+  setup = assembly.build(config())
+  learner = assembly.make_learner(setup)
   assert learner.adapters
-  state = train.init_state(setup, learner)
+  state = assembly.init_state(setup, learner)
   assert state.reference is None  # no copy of the weights
   adapters, weights = state.policy.split(nnx.LoRAParam, ...)
   # Adam's two moments, each shaped like the adapters only.
@@ -69,8 +71,8 @@ def test_only_adapters_train_and_the_base_is_the_reference():
   assert moments == sorted([v.shape for v in own.values() if v.ndim] * 2)
   before_c = leaves(state.critic)
   codec = sharding.replicate(setup.codec, setup.mesh)
-  with traced_at_most_once(train, "make_step"):
-    step = train.compile_step(setup, state, learner)
+  with traced_at_most_once(assembly, "make_step"):
+    step = assembly.compile_step(setup, state, learner)
     state, first = step(state, codec)
     for _ in range(2):
       state, metrics = step(state, codec)
@@ -97,14 +99,14 @@ def test_adapters_sit_on_a_hugging_face_checkpoints_weights(tmp_path):
   # A checkpoint written from a model of the setup's shape (and its
   # tokenizer): the policy holds its weights, new adapters beside them.
   c = config()
-  setup = train.build(c)
+  setup = assembly.build(c)
   plain = setup.model_cfg.replace(lora=None)
   saved = transformer.create(plain, seed=7)
   hf.save(saved, str(tmp_path))
   setup.tokenizer.save(str(tmp_path))
   c.model.ckpt = str(tmp_path)
-  setup = train.build(c)
-  policy = train.init_state(setup, train.make_learner(setup)).policy
+  setup = assembly.build(c)
+  policy = assembly.init_state(setup, assembly.make_learner(setup)).policy
   weights = flat(nnx.to_pure_dict(policy.filter(lora.WEIGHTS)))
   want = flat(nnx.to_pure_dict(nnx.state(saved)))
   assert weights.keys() == want.keys()
@@ -122,20 +124,20 @@ def test_a_qlora_run_trains_adapters_on_quantized_weights(runs, tmp_path):
   c = config(quantize="nf4", tile_size=16)
   c.train.init_from = first
   c.train.steps = 1
-  setup = train.build(c)
-  state = train.init_state(setup, train.make_learner(setup))
-  state = train.policy_from(state, setup, first)
+  setup = assembly.build(c)
+  state = assembly.init_state(setup, assembly.make_learner(setup))
+  state = assembly.policy_from(state, setup, first)
   weights = flat(nnx.to_pure_dict(state.policy.filter(lora.WEIGHTS)))
   q = [k for k in weights if k.endswith("['qvalue']")]
   assert len(q) == 7 and all(weights[k].dtype == "uint4" for k in q)
   workdir = tmp_path / "qlora"
   train.run(c, str(workdir))
-  params = flat(train.final_params(str(workdir), c))
+  params = flat(assembly.final_params(str(workdir), c))
   for k, v in weights.items():
     np.testing.assert_array_equal(params[k], v)
   _, saved, base = checkpoint.load_policy(str(workdir))
   assert len(flat(saved)) == 14
-  assert base == train.base_of(setup, state.policy.filter(lora.WEIGHTS))
+  assert base == assembly.base_of(setup, state.policy.filter(lora.WEIGHTS))
   # The adapters moved from where they started.
   start = flat(nnx.to_pure_dict(state.policy.filter(nnx.LoRAParam)))
   assert start.keys() == flat(saved).keys()
@@ -145,10 +147,10 @@ def test_a_qlora_run_trains_adapters_on_quantized_weights(runs, tmp_path):
 def test_a_full_critic_is_a_whole_model_trained_whole():
   c = config()
   c.model.lora.critic = "full"
-  setup = train.build(c)
-  learner = train.make_learner(setup)
+  setup = assembly.build(c)
+  learner = assembly.make_learner(setup)
   assert learner.adapters and not learner.critic_shares_base
-  state = train.abstract_state(setup, learner)
+  state = assembly.abstract_state(setup, learner)
   names = lambda tree: {
     jax.tree_util.keystr(p)
     for p, _ in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(tree))
@@ -157,24 +159,24 @@ def test_a_full_critic_is_a_whole_model_trained_whole():
   assert not any("_lora_" in k for k in critic)
   assert names(state.policy.filter(lora.WEIGHTS)) < critic
   c.model.lora.critic = "lora"
-  with pytest.raises(train.ConfigError, match=r"lora\.critic='lora'"):
-    train.build(c)
+  with pytest.raises(assembly.ConfigError, match=r"lora\.critic='lora'"):
+    assembly.build(c)
 
 
 def test_the_warm_start_is_refused_with_adapters():
   c = config()
   c.sft.steps = 5
   with pytest.raises(
-    train.ConfigError, match=r"config\.model\.lora: the warm start"
+    assembly.ConfigError, match=r"config\.model\.lora: the warm start"
   ):
-    train.build(c)
+    assembly.build(c)
 
 
 def test_bad_adapter_settings_are_named_before_compiling():
   with pytest.raises(
-    train.ConfigError, match=r"config\.model\.lora: targets=.ffn."
+    assembly.ConfigError, match=r"config\.model\.lora: targets=.ffn."
   ):
-    train.build(config(targets="ffn"))
+    assembly.build(config(targets="ffn"))
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +215,7 @@ def test_a_run_starts_from_a_run_without_adapters(runs):
   # Its frozen weights are that run's policy; its adapters its own.
   first, workdir, c = runs
   _, full = checkpoint.load_policy(first)[:2]
-  params = flat(train.final_params(workdir, c))
+  params = flat(assembly.final_params(workdir, c))
   for k, v in flat(full).items():
     np.testing.assert_array_equal(params[k], v)
   assert len(params) == len(flat(full)) + 14
@@ -227,9 +229,9 @@ def test_checkpoints_hold_the_adapters_and_resume_bit_for_bit(
   names = list(flat(saved))
   assert step == 2 and len(names) == 14
   assert all(n.endswith(("_lora_a']", "_lora_b']")) for n in names), names
-  setup = train.build(c)
-  _, weights = train.load_policy(setup, first, weights_only=True)
-  assert base == train.base_of(setup, weights)
+  setup = assembly.build(c)
+  _, weights = assembly.load_policy(setup, first, weights_only=True)
+  assert base == assembly.base_of(setup, weights)
   assert base["source"] == f"the policy of run {first}"
   # Resumed from step 1: the same policy as the run that went straight on,
   # its adapters on the same frozen weights.
@@ -239,8 +241,8 @@ def test_checkpoints_hold_the_adapters_and_resume_bit_for_bit(
   capsys.readouterr()
   train.run(c, str(resumed))
   assert "resumed from step 1" in capsys.readouterr().out
-  a = train.final_params(workdir, c)
-  assert same(a, train.final_params(str(resumed), c))
+  a = assembly.final_params(workdir, c)
+  assert same(a, assembly.final_params(str(resumed), c))
   # Its adapters are the checkpoint's.
   a = flat(a)
   for k, v in flat(saved).items():
@@ -256,17 +258,17 @@ def test_adapters_on_other_weights_are_refused_and_nothing_is_lost(
   before = (copy / "config.json").read_text()
   other = config()  # random weights under the adapters
   with pytest.raises(
-    train.ConfigError,
+    assembly.ConfigError,
     match=rf"trained on the policy of run {first} \(base digest \w+\), but "
     rf"this run's base, the model created from seed {other.seed}, has digest",
   ):
     train.run(other, str(copy))
-  with pytest.raises(train.ConfigError, match="base digest"):
-    evaluate.evaluate_checkpoint(other, workdir, episodes=4)
+  with pytest.raises(assembly.ConfigError, match="base digest"):
+    evaluator.evaluate_checkpoint(other, workdir, episodes=4)
   full = config()
   full.model.lora.rank = 0
   full.train.init_from = first
-  with pytest.raises(train.ConfigError, match="holds LoRA adapters"):
+  with pytest.raises(assembly.ConfigError, match="holds LoRA adapters"):
     train.run(full, str(copy))
   assert (copy / "config.json").read_text() == before
   assert sorted(os.listdir(copy / "checkpoints")) == ["1", "2"]
@@ -274,7 +276,7 @@ def test_adapters_on_other_weights_are_refused_and_nothing_is_lost(
   c2 = config()
   c2.train.init_from = workdir
   with pytest.raises(
-    train.ConfigError, match=r"init_from=.*holds LoRA adapters .*not whole"
+    assembly.ConfigError, match=r"init_from=.*holds LoRA adapters .*not whole"
   ):
     train.run(c2, str(tmp_path / "new"))
 
@@ -285,19 +287,19 @@ def test_an_adapter_run_evaluates_and_exports_its_merged_policy(
   from tests.models.conftest import torch_logits
 
   _, workdir, c = runs
-  summary = evaluate.evaluate_checkpoint(
+  summary = evaluator.evaluate_checkpoint(
     c, workdir, episodes=8, temperatures=(0.0,), transcripts=1
   )
   assert summary["step"] == 2 and summary["envs"]
   out = str(tmp_path / "hf")
-  assert hf.main(["export", workdir, out]) == 0
+  assert hf_cli.main(["export", workdir, out]) == 0
   printed = capsys.readouterr().out
   assert float(printed.split("max_abs_logit_diff:")[1].split()[0]) < 1e-4
   # transformers, on the export, gives the adapted policy's logits, not
   # the frozen weights'.
-  setup = train.build(c)
-  policy_def = train.make_learner(setup).policy_def
-  _, policy = train.load_policy(setup, workdir)
+  setup = assembly.build(c)
+  policy_def = assembly.make_learner(setup).policy_def
+  _, policy = assembly.load_policy(setup, workdir)
   adapted = nnx.merge(policy_def, policy)
   vocab = adapted.cfg.vocab_size
   tokens = np.arange(32).reshape(2, 16) * 7 % vocab

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from starpo_jax import losses
+from starpo_jax.algo import losses
 
 B, T = 5, 9
 

@@ -14,7 +14,7 @@ import matplotlib.image
 import pytest
 
 from benchmarks import study_table
-from starpo_jax import report
+from starpo_jax.cli import report
 
 TRANSCRIPT = "turn 1\nuser: #P_O#\nassistant: <answer>Up</answer>\nreward 1.0\n"
 
@@ -149,9 +149,11 @@ def test_bad_workdirs_are_named(tmp_path, capsys):
   broken.mkdir()
   (broken / "metrics.jsonl").write_text("{not json\n")
   with pytest.raises(SystemExit, match=r"broken/metrics\.jsonl: not JSON"):
-    report.main([f"--workdir={broken}"])
+    report.main(["report", f"--workdir={broken}"])
   with pytest.raises(SystemExit, match="1 labels for 2 workdirs"):
-    report.main([f"--workdir={broken}", f"--workdir={empty}", "--label=x"])
+    report.main(
+      ["report", f"--workdir={broken}", f"--workdir={empty}", "--label=x"]
+    )
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

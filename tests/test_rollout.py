@@ -15,9 +15,10 @@ import envs
 from envs.sokoban import solve
 from reference import countdown as ref_countdown
 from reference import envs as ref_envs
-from starpo_jax import rollout, sampling, text
-from starpo_jax.models import transformer
-from starpo_jax.sft import ScriptedPolicy
+from starpo_jax.agent import codec as codec_lib
+from starpo_jax.agent import rollout
+from starpo_jax.algo.sft import ScriptedPolicy
+from starpo_jax.models import sampling, transformer
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import TRACES, counted
 from tests.text_fixtures import TOKENIZERS
@@ -71,7 +72,7 @@ def replies_by_turn(traj, tok, b: int) -> list[str]:
 def test_scripted_solution_solves_sokoban_with_ragens_rewards(tok_name):
   tok = TOKENIZERS[tok_name]()
   env, play = runner("sokoban", CFG)
-  codec = text.Codec.build(tok, env.spec, CFG.prompt_settings())
+  codec = codec_lib.Codec.build(tok, env.spec, CFG.prompt_settings())
   key = jax.random.key(11)
   states = initial_states(env, CFG, key)
   names = env.spec.action_names
@@ -133,7 +134,7 @@ def test_scripted_solution_solves_sokoban_with_ragens_rewards(tok_name):
 def test_scripted_bandit_pulls_the_risky_arm_in_one_turn():
   tok = TOKENIZERS["compact"]()
   env, play = runner("bandit", CFG)
-  codec = text.Codec.build(tok, env.spec, CFG.prompt_settings())
+  codec = codec_lib.Codec.build(tok, env.spec, CFG.prompt_settings())
   key = jax.random.key(5)
   states = initial_states(env, CFG, key)
   names = env.spec.action_names
@@ -157,7 +158,7 @@ def test_scripted_countdown_answers_are_scored_from_their_text():
     CFG, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1
   )
   env, play = runner("countdown", cfg)
-  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
   key = jax.random.key(3)
   states = initial_states(env, cfg, key)
   answers, expected = [], []
@@ -203,7 +204,7 @@ def test_scripted_qa_answers_earn_one_then_a_half(tmp_path):
   env, play = runner(
     "qa", cfg, source=str(path), data_dir=str(tmp_path), turns=2
   )
-  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
   key = jax.random.key(2)
   states = initial_states(env, cfg, key)
   script = [  # per episode: its answers, and the rewards they earn
@@ -245,7 +246,7 @@ def test_mixed_answers_budgets_and_the_chat_stop_token():
   tok = TOKENIZERS["compact"]()
   cfg = dataclasses.replace(CFG, max_turns=3, max_actions_per_traj=3)
   env, play = runner("sokoban", cfg)
-  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
   stop = tok.chat.stop
   ok = "ok</think><answer>{}</answer>"
   replies = [
@@ -293,7 +294,7 @@ def test_garbage_gets_the_format_penalty_every_turn_without_nan():
   tok = TOKENIZERS["compact"]()
   cfg = CFG
   env, play = runner("sokoban", cfg)
-  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
   rng = np.random.default_rng(0)
   # Uniformly random token ids, chat markers and tags included.
   script = jnp.asarray(rng.integers(0, tok.vocab_size, (cfg.batch, 400)))
@@ -324,7 +325,7 @@ def test_recorded_logprobs_equal_an_uncached_forward(temperature):
     temperature=temperature,
   )
   env, play = runner("sokoban", cfg)
-  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
   model = transformer.create(
     transformer.preset("tiny", vocab_size=tok.vocab_size)
   )
@@ -356,7 +357,7 @@ def test_a_full_context_ends_the_episode_as_truncated():
   tok = TOKENIZERS["compact"]()
   env = envs.make("sokoban")
   settings = CFG.prompt_settings()
-  codec = text.Codec.build(tok, env.spec, settings)
+  codec = codec_lib.Codec.build(tok, env.spec, settings)
   system = len(codec.fragments.system)
   chunk = codec.turn_chunk_size(CFG.max_turns, CFG.max_actions_per_traj)
   cfg = rollout.RolloutConfig(
@@ -401,7 +402,7 @@ def test_rollout_of_128_episodes_compiles_once_without_host_callbacks():
     max_new_tokens=8,
     max_context=640,
   )
-  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
   model = transformer.create(
     transformer.preset("tiny", vocab_size=tok.vocab_size)
   )
@@ -423,7 +424,7 @@ def test_bandit_arm_not_offered_is_invalid_and_penalised():
   tok = TOKENIZERS["compact"]()
   cfg = dataclasses.replace(CFG, max_turns=2)
   env, play = runner("bandit", cfg)
-  codec = text.Codec.build(tok, env.spec, cfg.prompt_settings())
+  codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
   key = jax.random.key(6)
   states = initial_states(env, cfg, key)
   names = env.spec.action_names

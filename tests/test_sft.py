@@ -14,7 +14,9 @@ from configs import bandit, frozen_lake, sokoban
 from envs.sokoban import solve
 from reference import envs as ref
 from reference import text as ref_text
-from starpo_jax import rollout, sft, train
+from starpo_jax.agent import rollout
+from starpo_jax.algo import sft
+from starpo_jax.run import assembly
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import peer_of, traced_at_most_once
 
@@ -35,7 +37,7 @@ def small(config, **overrides):
 def expert_run(name: str):
   """Whole expert episodes (every turn) of one environment."""
   module = {"sokoban": sokoban, "frozen_lake": frozen_lake}[name]
-  setup = train.build(small(module.get_config(None), **{"sft.max_turns": 5}))
+  setup = assembly.build(small(module.get_config(None), **{"sft.max_turns": 5}))
   cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
   replies = sft.Replies.build(setup.tokenizer, setup.env.spec.action_names)
   key = jax.random.key(7)
@@ -105,17 +107,17 @@ def test_expert_replies_replay_to_success_in_the_reference_rules(name):
 
 @functools.cache
 def sft_step():
-  setup = train.build(small(sokoban.get_config(None)))
-  learner = train.make_learner(setup)
-  state = train.init_state(setup, learner)
+  setup = assembly.build(small(sokoban.get_config(None)))
+  learner = assembly.make_learner(setup)
+  state = assembly.init_state(setup, learner)
   # Every call of this step in the tests must reuse its one trace.
   with traced_at_most_once(sft, "make_sft_step"):
-    return setup, learner, train.compile_sft_step(setup, state, learner)
+    return setup, learner, assembly.compile_sft_step(setup, state, learner)
 
 
 def test_the_warm_start_step_compiles_once_and_imitates():
   setup, learner, step = sft_step()
-  state = train.init_state(setup, learner)
+  state = assembly.init_state(setup, learner)
   losses = []
   for _ in range(4):
     state, metrics = step(state, setup.codec)
@@ -144,8 +146,8 @@ def test_impossible_warm_starts_are_refused_before_compiling(change, message):
     for key, value in change.items():
       section, name = key.split(".")
       c[section][name] = value
-  with pytest.raises(train.ConfigError, match=message):
-    train.build(c)
+  with pytest.raises(assembly.ConfigError, match=message):
+    assembly.build(c)
 
 
 def test_script_spells_a_plan_turn_by_turn():
@@ -161,7 +163,7 @@ def test_script_spells_a_plan_turn_by_turn():
 def test_random_valid_demonstrations_name_only_offered_arms():
   c = small(bandit.get_config(None), **{"sft.expert": "random_valid"})
   c.sft.episodes = 128
-  setup = train.build(c)
+  setup = assembly.build(c)
   cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
   replies = sft.Replies.build(setup.tokenizer, setup.env.spec.action_names)
   traj = jax.jit(

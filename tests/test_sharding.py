@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from configs import bandit
-from starpo_jax import sharding, train
+from starpo_jax import sharding
+from starpo_jax.run import assembly
 
 MESHES = ["(2, 2, 2)"]
 
@@ -134,8 +135,8 @@ def test_bad_mesh_shape_is_named(shape, match):
 def test_bad_mesh_fails_before_compiling():
   c = bandit.get_config("")
   c.mesh.shape = (3, 1, 1)
-  with pytest.raises(train.ConfigError, match=r"config\.mesh\.shape"):
-    train.build(c)
+  with pytest.raises(assembly.ConfigError, match=r"config\.mesh\.shape"):
+    assembly.build(c)
 
 
 @pytest.mark.slow

@@ -15,9 +15,14 @@ from flax import nnx
 
 from configs import sokoban
 from reference import advantages as ref
-from starpo_jax import advantages as adv_lib
-from starpo_jax import diagnostics, losses, train
-from starpo_jax import step as step_lib
+from starpo_jax.algo import advantages as adv_lib
+from starpo_jax.algo import batch as batch_lib
+from starpo_jax.algo import diagnostics, logprobs, losses, periodic
+from starpo_jax.algo import spec as spec_lib
+from starpo_jax.algo import state as state_lib
+from starpo_jax.algo import step as step_lib
+from starpo_jax.algo import update as update_lib
+from starpo_jax.run import assembly
 from tests.helpers import critic_with_opinions, traced_at_most_once
 
 
@@ -49,14 +54,15 @@ class Real:
   """One real step taken phase by phase with the step's own functions."""
 
   setup: Any
-  learner: step_lib.Learner
-  state: step_lib.TrainState  # before the update
-  prepared: step_lib.Prepared
-  updated: step_lib.TrainState
+  spec: spec_lib.StepSpec
+  learner: state_lib.Learner
+  state: state_lib.TrainState  # before the update
+  prepared: batch_lib.Prepared
+  updated: state_lib.TrainState
   stats: dict[str, Any]
 
   @property
-  def batch(self) -> step_lib.Batch:
+  def batch(self) -> batch_lib.Batch:
     return self.prepared.batch
 
   def policy(self, params=None):
@@ -64,13 +70,12 @@ class Real:
 
   def objective(self, params, batch, algo=None):
     s = self.setup
-    return step_lib.policy_objective(
+    return update_lib.policy_objective(
       params,
       self.learner.policy_def,
       batch,
       algo or s.algo,
-      s.rollout_cfg.temperature,
-      s.codec.allowed,
+      self.spec.distribution(s.codec),
     )
 
 
@@ -78,41 +83,28 @@ class Real:
 def real() -> Real:
   # Both groups held, the dropped one masked: what the filter removes is
   # still there to check (the compaction tests below compare the two).
-  setup = train.build(sokoban_config(**{"filter.capacity": 2}))
-  learner = train.make_learner(setup)
-  state = train.init_state(setup, learner)
+  setup = assembly.build(sokoban_config(**{"filter.capacity": 2}))
+  learner = assembly.make_learner(setup)
+  state = assembly.init_state(setup, learner)
   critic_with_opinions(state)
+  spec = assembly.step_spec(setup, learner)
   k_roll, k_perm = step_lib.step_keys(state)
   prepared = jax.jit(
-    lambda state, codec, key: step_lib.prepare(
-      learner,
-      state,
-      codec,
-      setup.env,
-      setup.rollout_cfg,
-      setup.algo,
-      setup.filter_cfg,
-      key,
-    )
+    lambda state, codec, key: step_lib.prepare(spec, state, codec, key)
   )(state, setup.codec, k_roll)
   updated, stats = jax.jit(
-    lambda state, batch, keep, key: step_lib.update(
-      learner,
-      state,
-      batch,
-      keep,
-      setup.algo,
-      setup.rollout_cfg.temperature,
-      setup.codec.allowed,
-      key,
+    lambda state, codec, batch, keep, key: update_lib.update(
+      spec, state, codec, batch, keep, key
     )
-  )(state, prepared.batch, prepared.selection.row_keep, k_perm)
-  return Real(setup, learner, state, prepared, updated, jax.device_get(stats))
+  )(state, setup.codec, prepared.batch, prepared.selection.row_keep, k_perm)
+  return Real(
+    setup, spec, learner, state, prepared, updated, jax.device_get(stats)
+  )
 
 
 @jax.jit
 def _logprobs(model, tokens, positions, allowed):
-  return step_lib.sequence_logprobs(model, tokens, positions, 1.0, allowed, 64)
+  return logprobs.sequence_logprobs(model, tokens, positions, 1.0, allowed, 64)
 
 
 def test_the_first_minibatch_reproduces_the_sampling_logprobs(real):
@@ -134,7 +126,7 @@ def test_the_first_minibatch_reproduces_the_sampling_logprobs(real):
   assert first["dual_clip_frac"] == 0.0
 
 
-def _scramble(batch: step_lib.Batch, rows: np.ndarray, seed: int):
+def _scramble(batch: batch_lib.Batch, rows: np.ndarray, seed: int):
   """The batch with every field of episodes ``rows`` replaced by noise."""
   rng = np.random.default_rng(seed)
   noisy = {}
@@ -151,7 +143,7 @@ def _scramble(batch: step_lib.Batch, rows: np.ndarray, seed: int):
       noise = rng.normal(0, 5, x.shape)
     x[rows] = noise[rows].astype(x.dtype)
     noisy[field.name] = jnp.asarray(x)
-  return step_lib.Batch(**noisy)
+  return batch_lib.Batch(**noisy)
 
 
 def test_filtered_out_groups_are_masked_and_give_no_gradient(real):
@@ -229,7 +221,7 @@ def test_value_loss_and_explained_variance_match_numpy(real):
   mask = np.asarray(b.mask)
   ret, values = np.asarray(b.returns), np.asarray(b.values)
   loss, stats = jax.jit(
-    lambda p: step_lib.critic_objective(
+    lambda p: update_lib.critic_objective(
       p, real.learner.critic_def, b, real.setup.algo
     )
   )(real.state.critic)
@@ -261,7 +253,7 @@ def test_the_update_steps_policy_and_critic_downhill(real):
   objectives = (
     (lambda p: real.objective(p, real.batch)[0], "policy"),
     (
-      lambda p: step_lib.critic_objective(
+      lambda p: update_lib.critic_objective(
         p, real.learner.critic_def, real.batch, real.setup.algo
       )[0],
       "critic",
@@ -283,7 +275,7 @@ def test_micro_batches_give_the_whole_batchs_loss_and_gradient(
   algo = dataclasses.replace(real.setup.algo, loss_agg=aggregation)
 
   def at_once(micro):
-    fn = step_lib.batch_gradients(
+    fn = update_lib.batch_gradients(
       lambda p, b: real.objective(p, b, algo), real.batch, micro, aggregation
     )
     return jax.jit(fn)(real.state.policy)
@@ -305,19 +297,19 @@ def test_micro_batches_give_the_whole_batchs_loss_and_gradient(
 
 
 def test_micro_batch_count_follows_the_token_budget():
-  assert step_lib.micro_batches(32, 1280, 0) == 1
-  assert step_lib.micro_batches(32, 1280, 32 * 1280) == 1
+  assert update_lib.micro_batches(32, 1280, 0) == 1
+  assert update_lib.micro_batches(32, 1280, 32 * 1280) == 1
   # 6 sequences fit in 8192 tokens; 4 a micro-batch is the largest that
   # divides 32.
-  assert step_lib.micro_batches(32, 1280, 8192) == 8
-  assert step_lib.micro_batches(32, 1280, 1280) == 32
+  assert update_lib.micro_batches(32, 1280, 8192) == 8
+  assert update_lib.micro_batches(32, 1280, 1280) == 32
   with pytest.raises(ValueError, match="micro_batch_tokens=1000"):
-    step_lib.micro_batches(32, 1280, 1000)
+    update_lib.micro_batches(32, 1280, 1000)
 
 
 def test_a_token_budget_trains_the_same_step():
   # Without the periodic diagnostics (none runs at step 1): half the compile.
-  setup = train.build(
+  setup = assembly.build(
     sokoban_config(
       **{
         "algo.micro_batch_tokens": 192,
@@ -326,9 +318,9 @@ def test_a_token_budget_trains_the_same_step():
       }
     )
   )
-  learner = train.make_learner(setup)
-  state = train.init_state(setup, learner)
-  step = train.compile_step(setup, state, learner)
+  learner = assembly.make_learner(setup)
+  state = assembly.init_state(setup, learner)
+  step = assembly.compile_step(setup, state, learner)
   want_setup, want_state, want_step = compiled()
   state, metrics = step(state, setup.codec)
   want_state, want_metrics = want_step(want_state, want_setup.codec)
@@ -345,19 +337,19 @@ def test_a_token_budget_trains_the_same_step():
 
 @functools.cache
 def _driver_step():
-  setup = train.build(sokoban_config())
-  learner = train.make_learner(setup)
-  state = train.init_state(setup, learner)
+  setup = assembly.build(sokoban_config())
+  learner = assembly.make_learner(setup)
+  state = assembly.init_state(setup, learner)
   # Every call of this step in the tests must reuse its one trace.
-  with traced_at_most_once(train, "make_step"):
-    return setup, learner, train.compile_step(setup, state, learner)
+  with traced_at_most_once(assembly, "make_step"):
+    return setup, learner, assembly.compile_step(setup, state, learner)
 
 
 def compiled():
   """The driver's own jitted step (explicit in and out shardings) and a
   fresh state: the step donates the one it is given."""
   setup, learner, step = _driver_step()
-  return setup, train.init_state(setup, learner), step
+  return setup, assembly.init_state(setup, learner), step
 
 
 def params_of(state):
@@ -431,7 +423,7 @@ def test_gradients_flow_only_through_loss_masked_tokens(real):
   )
 
   def loss(params, old, adv):
-    logp, _ = step_lib.sequence_logprobs(
+    logp, _ = logprobs.sequence_logprobs(
       real.policy(params), tokens, positions, 1.0, allowed, 4
     )
     return losses.policy_loss(
@@ -464,7 +456,7 @@ def test_gradients_flow_only_through_loss_masked_tokens(real):
 
 def test_generated_positions_pack_the_mask():
   mask = jnp.asarray([[0, 1, 1, 0, 1], [0, 0, 0, 0, 0], [1, 0, 0, 0, 1]], bool)
-  got = np.asarray(step_lib.generated_positions(mask, 3))
+  got = np.asarray(logprobs.generated_positions(mask, 3))
   np.testing.assert_array_equal(got, [[1, 2, 4], [0, 0, 0], [0, 4, 0]])
 
 
@@ -486,17 +478,18 @@ def test_the_gradient_split_adds_up_to_the_objective_and_follows_the_filter(
 ):
   s = real.setup
   algo = dataclasses.replace(s.algo, entropy_coef=0.05)
-  temp, allowed = s.rollout_cfg.temperature, s.codec.allowed
+  spec = dataclasses.replace(real.spec, algo=algo)
+  dist = spec.distribution(s.codec)
 
   @jax.jit
   def part(weights):
     return jax.grad(
-      lambda p: step_lib.term_objective(
-        p, real.learner.policy_def, real.batch, algo, temp, allowed, weights
+      lambda p: periodic.term_objective(
+        p, real.learner.policy_def, real.batch, algo, dist, weights
       )[0]
     )(real.state.policy)
 
-  parts = {n: part(jnp.asarray(w)) for n, w in step_lib.TERMS.items()}
+  parts = {n: part(jnp.asarray(w)) for n, w in periodic.TERMS.items()}
   whole = jax.jit(jax.grad(lambda p: real.objective(p, real.batch, algo)[0]))(
     real.state.policy
   )
@@ -513,15 +506,12 @@ def test_the_gradient_split_adds_up_to_the_objective_and_follows_the_filter(
   scored = real.prepared.held
   group_std = np.asarray(scored.scores).reshape(2, 4).std(axis=1, ddof=1)
   m = jax.jit(
-    lambda: step_lib.gradient_split(
-      real.learner,
+    lambda: periodic.gradient_split(
+      spec,
       real.state,
+      s.codec,
       real.batch,
       jnp.asarray(group_std, jnp.float32),
-      4,
-      algo,
-      temp,
-      allowed,
       3,
     )
   )()

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from configs import bandit
-from starpo_jax import checkpoint, train
-from starpo_jax import logging as log_lib
-from starpo_jax.stopping import (
+from starpo_jax.run import assembly, checkpoint, train
+from starpo_jax.run import metrics as metrics_lib
+from starpo_jax.run.stopping import (
   KEPT,
   RELATIVE_STD,
   REWARD_STD,
@@ -97,8 +97,8 @@ def test_rules_are_off_by_default():
 def test_bad_settings_are_named(name, value):
   c = bandit.get_config(None)
   c.train.early_stop[name] = value
-  with pytest.raises(train.ConfigError, match=f"early_stop: {name}"):
-    train.build(c)
+  with pytest.raises(assembly.ConfigError, match=f"early_stop: {name}"):
+    assembly.build(c)
 
 
 def test_a_stopped_run_ends_at_that_step_with_a_checkpoint(tmp_path, capsys):
@@ -122,7 +122,7 @@ def test_a_stopped_run_ends_at_that_step_with_a_checkpoint(tmp_path, capsys):
   assert "below 1.0% for 2 evaluations" in summary["early_stop"]
   assert "early stop at step 2" in capsys.readouterr().out
   assert "early stop at step 2" in (tmp_path / "early_stop.txt").read_text()
-  records = log_lib.read_metrics(str(tmp_path))
+  records = metrics_lib.read_metrics(str(tmp_path))
   assert [r["step"] for r in records if r["step"] > 0] == [1, 2]
   ckpt = checkpoint.Checkpointer(
     os.path.join(str(tmp_path), "checkpoints"), c.train.keep_checkpoints

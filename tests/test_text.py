@@ -15,7 +15,7 @@ import pytest
 
 import envs
 from reference import text as ref
-from starpo_jax import text
+from starpo_jax.agent import codec as codec_lib
 from tests.envs.conftest import level_pool, to_numpy
 from tests.text_fixtures import SETTINGS, TOKENIZERS, byte_token, env_variants
 
@@ -125,12 +125,14 @@ def _parser(codec_key):
 CODECS: dict = {}
 
 
-def codec_for(tok_name: str, env_name: str, think: bool) -> text.Codec:
+def codec_for(tok_name: str, env_name: str, think: bool) -> codec_lib.Codec:
   key = (tok_name, env_name, think)
   if key not in CODECS:
-    settings = text.PromptSettings(enable_think=think, max_actions_per_turn=3)
+    settings = codec_lib.PromptSettings(
+      enable_think=think, max_actions_per_turn=3
+    )
     spec = envs.make(env_name).spec
-    CODECS[key] = text.Codec.build(TOKENIZERS[tok_name](), spec, settings)
+    CODECS[key] = codec_lib.Codec.build(TOKENIZERS[tok_name](), spec, settings)
   return CODECS[key]
 
 
@@ -195,8 +197,10 @@ def test_text_answers_are_the_reference_answer_bytes(think):
   """An environment with free-text answers (Countdown) gets the answer's
   bytes, markers removed, unsplit; a non-blank one is its one valid part."""
   tok = TOKENIZERS["bpe"]()
-  settings = text.PromptSettings(enable_think=think, max_actions_per_turn=1)
-  codec = text.Codec.build(tok, envs.make("countdown").spec, settings)
+  settings = codec_lib.PromptSettings(
+    enable_think=think, max_actions_per_turn=1
+  )
+  codec = codec_lib.Codec.build(tok, envs.make("countdown").spec, settings)
   rng = random.Random(f"text answers {think}")
   exprs = ["1 + 2", "(3*4)-5", "", "  ", "7||8", "12 / (4 - 4)", "x"]
   samples = []
@@ -235,7 +239,7 @@ def test_text_answers_are_the_reference_answer_bytes(think):
 def test_rendered_tokens_decode_to_the_rendered_text(tok_name):
   tok = TOKENIZERS[tok_name]()
   for name, env in env_variants():
-    codec = text.Codec.build(tok, env.spec, SETTINGS)
+    codec = codec_lib.Codec.build(tok, env.spec, SETTINGS)
     states = jax.tree.map(lambda x: x[:64], level_pool(name))
 
     @jax.jit
@@ -258,15 +262,15 @@ def test_rewards_are_written_as_the_reference_formats_them(value):
   tok = TOKENIZERS["compact"]()
   got = tok.decode(np.asarray(ids)[np.asarray(keep)])
   assert got == ref.format_reward(float(np.float32(value)))
-  assert got == text.format_reward(float(np.float32(value)))
+  assert got == codec_lib.format_reward(float(np.float32(value)))
 
 
-@pytest.mark.parametrize("style", text.PROMPT_STYLES)
+@pytest.mark.parametrize("style", codec_lib.PROMPT_STYLES)
 def test_turn_chunks_decode_to_the_reference_prompt(style):
   tok = TOKENIZERS["bpe"]()
   env = envs.make("sokoban")
   settings = dataclasses.replace(SETTINGS, style=style)
-  codec = text.Codec.build(tok, env.spec, settings)
+  codec = codec_lib.Codec.build(tok, env.spec, settings)
   size = codec.turn_chunk_size(5, 10)
   states = jax.tree.map(lambda x: x[:8], level_pool("sokoban"))
   obs = jax.jit(jax.vmap(codec.render))(*jax.vmap(env.render)(states))
@@ -307,22 +311,22 @@ def test_the_compact_prompt_is_short_and_names_the_environment():
   tok = TOKENIZERS["compact"]()
   env = envs.make("sokoban")
   compact = dataclasses.replace(SETTINGS, style="compact")
-  assert text.system_text(env.spec, compact) == "sokoban"
-  ragen = text.Codec.build(tok, env.spec, SETTINGS).turn_chunk_size(5, 10)
-  short = text.Codec.build(tok, env.spec, compact).turn_chunk_size(5, 10)
+  assert codec_lib.system_text(env.spec, compact) == "sokoban"
+  ragen = codec_lib.Codec.build(tok, env.spec, SETTINGS).turn_chunk_size(5, 10)
+  short = codec_lib.Codec.build(tok, env.spec, compact).turn_chunk_size(5, 10)
   assert short < ragen / 2
   with pytest.raises(ValueError, match="style"):
-    text.PromptSettings(style="terse")
+    codec_lib.PromptSettings(style="terse")
 
 
 def test_system_prompt_lists_instructions_legend_and_actions():
   spec = envs.make("sokoban").spec
-  system = text.system_text(spec, SETTINGS)
+  system = codec_lib.system_text(spec, SETTINGS)
   assert system.startswith("You're a helpful assistant. You are solving")
   assert "#: wall, _: empty, O: target" in system
   assert "Up, Down, Left, Right" in system
   assert "up to 2 actions" in system
-  bandit = text.system_text(envs.make("bandit").spec, SETTINGS)
+  bandit = codec_lib.system_text(envs.make("bandit").spec, SETTINGS)
   assert "available actions" not in bandit
 
 

@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 
 from benchmarks import run
 from benchmarks.torch_baseline import starpo as tb
-from starpo_jax import advantages, filtering, losses
-from starpo_jax import step as step_lib
+from starpo_jax.algo import advantages, filtering, logprobs, losses
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +59,7 @@ def test_loss_and_gradient_norm_agree_with_the_jax_step(pair):
 
   def jax_loss(params):
     model = nnx.merge(pair.policy_def, params)
-    logp, ent = step_lib.sequence_logprobs(
+    logp, ent = logprobs.sequence_logprobs(
       model, jnp.asarray(tokens), jnp.asarray(positions), 1.0, allowed, 5
     )
     pg, _ = losses.policy_loss(

@@ -16,8 +16,9 @@ import pytest
 from flax import nnx
 
 from configs import bandit
-from starpo_jax import checkpoint, preemption, report, train
-from starpo_jax import logging as log_lib
+from starpo_jax.cli import report
+from starpo_jax.run import assembly, checkpoint, preemption, train
+from starpo_jax.run import metrics as metrics_lib
 from tests.helpers import read_tensorboard
 
 SMALL = [
@@ -85,21 +86,21 @@ def test_bad_values_fail_before_compiling_naming_the_setting(
 ):
   c = bandit.get_config(None)
   c[section][name] = value
-  with pytest.raises(train.ConfigError, match=message):
-    train.build(c)
+  with pytest.raises(assembly.ConfigError, match=message):
+    assembly.build(c)
 
 
 def test_bad_environment_arguments_are_named():
   c = bandit.get_config(None)
   c.env.kwargs.split = "validation"
-  with pytest.raises(train.ConfigError, match="split"):
-    train.build(c)
+  with pytest.raises(assembly.ConfigError, match="split"):
+    assembly.build(c)
 
 
 def test_unwritable_workdir_gives_a_clear_error(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("not a directory")
-  with pytest.raises(train.ConfigError, match="not writable"):
+  with pytest.raises(assembly.ConfigError, match="not writable"):
     train.run(bandit.get_config(None), str(blocker / "run"))
 
 
@@ -118,13 +119,13 @@ def test_repeated_nonfinite_steps_stop_the_run_keeping_the_checkpoint(tmp_path):
     train.NonFiniteError, match="last good checkpoint is step 1"
   ):
     train.run(c, str(tmp_path))
-  records = log_lib.read_metrics(str(tmp_path))
+  records = metrics_lib.read_metrics(str(tmp_path))
   assert [r["train/skipped_nonfinite"] > 0 for r in records] == [True, True]
   # The checkpoint holds the untouched initial parameters.
   c.rollout.format_penalty = -0.1
-  params = train.final_params(str(tmp_path), c)
-  setup = train.build(c)
-  state = train.init_state(setup, train.make_learner(setup))
+  params = assembly.final_params(str(tmp_path), c)
+  setup = assembly.build(c)
+  state = assembly.init_state(setup, assembly.make_learner(setup))
   initial = jax.tree.map(np.asarray, nnx.to_pure_dict(state.policy))
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, params, initial)))
 
@@ -161,7 +162,7 @@ def _wait_until(ready, proc, deadline=300):
 def _logged_steps(workdir) -> list[int]:
   if not (workdir / "metrics.jsonl").exists():
     return []
-  return [r["step"] for r in log_lib.read_metrics(str(workdir))]
+  return [r["step"] for r in metrics_lib.read_metrics(str(workdir))]
 
 
 def test_killed_and_preempted_runs_resume_to_the_same_parameters_and_metrics(
@@ -181,9 +182,20 @@ def test_killed_and_preempted_runs_resume_to_the_same_parameters_and_metrics(
     JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache"),
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
   )
-  subprocess.run(
-    main_cmd(straight, *flags), check=True, capture_output=True, env=env
+  first = subprocess.run(
+    main_cmd(straight, *flags),
+    check=True,
+    capture_output=True,
+    text=True,
+    env=env,
+  ).stdout.splitlines()
+  # What the run will do comes first, before anything compiles.
+  assert first[0].startswith("bandit: 12 RL steps of 8 episodes"), first
+  assert first[1].startswith("algorithm: grpo advantages"), first
+  compiling = first.index(
+    "compiling the RL step (once; its first call runs it)"
   )
+  assert compiling == 4, first
   proc = subprocess.Popen(
     main_cmd(resumed, *flags),
     stdout=subprocess.DEVNULL,
@@ -227,11 +239,11 @@ def test_killed_and_preempted_runs_resume_to_the_same_parameters_and_metrics(
   c = bandit.get_config(None)
   c.rollout.env_groups, c.rollout.group_size = 2, 4
   c.algo.minibatches = 2
-  a = train.final_params(str(straight), c)
-  b = train.final_params(str(resumed), c)
+  a = assembly.final_params(str(straight), c)
+  b = assembly.final_params(str(resumed), c)
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))
-  ra = _comparable(log_lib.read_metrics(str(straight)))
-  rb = _comparable(log_lib.read_metrics(str(resumed)))
+  ra = _comparable(metrics_lib.read_metrics(str(straight)))
+  rb = _comparable(metrics_lib.read_metrics(str(resumed)))
   assert [r["step"] for r in rb] == list(range(1, 13))
   assert ra == rb
   # Checkpoints every 2 steps, the last 3 kept; the config beside them.
@@ -243,7 +255,7 @@ def test_killed_and_preempted_runs_resume_to_the_same_parameters_and_metrics(
   events = read_tensorboard(straight / "tensorboard")
   logged = {
     (re.sub(r"[^-/\w.]", "_", k), r["step"]): v
-    for r in log_lib.read_metrics(str(straight))
+    for r in metrics_lib.read_metrics(str(straight))
     for k, v in r.items()
     if k != "step"
   }
@@ -270,8 +282,8 @@ def test_init_from_starts_with_another_runs_policy(tmp_path):
     c.seed = seed
     for name, value in model.items():
       c.model[name] = value
-    setup = train.build(c)
-    return setup, train.init_state(setup, train.make_learner(setup))
+    setup = assembly.build(c)
+    return setup, assembly.init_state(setup, assembly.make_learner(setup))
 
   pure = lambda s: jax.tree.map(np.asarray, nnx.to_pure_dict(s.policy))
   _, source = state_of(5)
@@ -280,15 +292,39 @@ def test_init_from_starts_with_another_runs_policy(tmp_path):
   ckpt.close()
   setup, fresh = state_of(0)
   before = pure(fresh)
-  started = train.policy_from(fresh, setup, str(tmp_path / "src"))
+  started = assembly.policy_from(fresh, setup, str(tmp_path / "src"))
   same = jax.tree.map(np.array_equal, pure(started), pure(source))
   assert all(jax.tree.leaves(same))
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, pure(fresh), before)))
-  with pytest.raises(train.ConfigError, match="does not fit"):
-    train.policy_from(*state_of(0, num_layers=1)[::-1], str(tmp_path / "src"))
-  with pytest.raises(train.ConfigError, match="no checkpoint"):
-    train.policy_from(fresh, setup, str(tmp_path / "nowhere"))
+  with pytest.raises(assembly.ConfigError, match="does not fit"):
+    assembly.policy_from(
+      *state_of(0, num_layers=1)[::-1], str(tmp_path / "src")
+    )
+  with pytest.raises(assembly.ConfigError, match="no checkpoint"):
+    assembly.policy_from(fresh, setup, str(tmp_path / "nowhere"))
   with pytest.raises(
-    train.ConfigError, match=r"no checkpoint at step 4.*\[3\]"
+    assembly.ConfigError, match=r"no checkpoint at step 4.*\[3\]"
   ):
-    train.load_policy(setup, str(tmp_path / "src"), step=4)
+    assembly.load_policy(setup, str(tmp_path / "src"), step=4)
+
+
+def test_importing_the_library_keeps_libtpu_quiet_without_tpus():
+  """With libtpu installed (the test requirements) and no TPU chip, JAX's
+  backend start must not print libtpu's errors."""
+  pytest.importorskip("libtpu")
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith("TPU_") and k != "JAX_PLATFORMS"
+  }
+  # libtpu starts in this process even if another holds its lock file.
+  env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+  out = subprocess.run(
+    [sys.executable, "-c", "import starpo_jax, jax; print(jax.devices())"],
+    capture_output=True,
+    text=True,
+    env=env,
+    check=True,
+  )
+  assert "TPU_WORKER_HOSTNAMES" not in out.stderr, out.stderr
+  assert "accelerator type" not in out.stderr, out.stderr

@@ -36,7 +36,7 @@ import transformers
 
 from reference import envs as ref
 from reference import text as reference_text
-from starpo_jax import text
+from starpo_jax.agent import codec as codec_lib
 from starpo_jax.models.tokenizer import Tokenizer
 
 
@@ -73,7 +73,7 @@ class Config:
 
   @classmethod
   def from_setup(cls, setup: Any) -> Config:
-    """The settings of a ``starpo_jax.train.Setup``."""
+    """The settings of a ``starpo_jax.assembly.Setup``."""
     r, a, o = setup.rollout_cfg, setup.algo, setup.config.optim
     f = setup.filter_cfg
     if not f.keeps_everything and (
@@ -664,7 +664,7 @@ class Loop:
     compile: bool = False,
     seed: int = 0,
   ):
-    settings = text.PromptSettings(
+    settings = codec_lib.PromptSettings(
       enable_think=cfg.enable_think,
       max_actions_per_turn=cfg.max_actions_per_turn,
       response_hint=cfg.max_new_tokens,
@@ -674,7 +674,7 @@ class Loop:
     self.system = tok.encode(
       chat.begin
       + chat.start("system")
-      + text.system_text(spec, settings)
+      + codec_lib.system_text(spec, settings)
       + chat.message_end
     )
     self.model, self.cfg = model, cfg

@@ -2,7 +2,7 @@
 
   model = hf.load("/path/to/Qwen2.5-0.5B-Instruct")
   hf.save(model, "/path/to/export")          # opens in transformers and vLLM
-  python -m starpo_jax.models.hf verify PATH  # logits against transformers
+  python -m starpo_jax.hf verify PATH  # logits against transformers
 
 Safetensors files are memory-mapped and converted tensor by tensor (one
 layer at a time for stacked parameters), so a model loads without a second
@@ -12,12 +12,10 @@ Nothing is unpickled: ``.bin`` checkpoints are refused.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import struct
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -615,66 +613,3 @@ def verify(path: str, prompt: str) -> dict[str, Any]:
     np.mean(ours.argmax(-1) == theirs.argmax(-1))
   )
   return report
-
-
-def export(
-  workdir: str, out: str, step: int | None = None, dtype: str | None = None
-) -> str:
-  """Writes the policy of a run's checkpoint at ``step`` (default: the
-  latest) as a Hugging Face directory ``out``, with its tokenizer; a LoRA
-  run's adapters folded into its base's weights. Returns ``out``.
-
-  Raises:
-    starpo_jax.train.ConfigError: no run or checkpoint there, or adapters
-      whose base is not the one the run's config gives.
-  """
-  from starpo_jax import train  # the driver imports this module
-
-  setup = train.build(train.load_config(workdir))
-  _, policy = train.load_policy(setup, workdir, step, what="workdir")
-  model = nnx.merge(train.make_learner(setup).policy_def, policy)
-  save(model, out, dtype=dtype)
-  setup.tokenizer.save(out)
-  return out
-
-
-def main(argv: list[str] | None = None) -> int:
-  from starpo_jax import train
-
-  parser = argparse.ArgumentParser(prog="python -m starpo_jax.models.hf")
-  sub = parser.add_subparsers(dest="command", required=True)
-  prompt = argparse.ArgumentParser(add_help=False)
-  prompt.add_argument(
-    "--prompt",
-    default="You are solving the Sokoban puzzle.",
-    help="the text whose logits are compared with transformers'",
-  )
-  v = sub.add_parser(
-    "verify", parents=[prompt], help="compare logits with transformers"
-  )
-  v.add_argument("path")
-  e = sub.add_parser(
-    "export",
-    parents=[prompt],
-    help="write a run's policy as a Hugging Face checkpoint, then verify it",
-  )
-  e.add_argument("workdir", help="the run's directory")
-  e.add_argument("out", help="the directory to write")
-  e.add_argument("--step", type=int, help="default: the latest checkpoint")
-  e.add_argument("--dtype", choices=transformer.DTYPES)
-  args = parser.parse_args(argv)
-  try:
-    if args.command == "export":
-      print(f"wrote {export(args.workdir, args.out, args.step, args.dtype)}")
-      args.path = args.out
-    report = verify(args.path, args.prompt)
-  except (CheckpointError, train.ConfigError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  for key, value in report.items():
-    print(f"{key}: {value}")
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -150,7 +150,7 @@ def test_missing_directory_is_named(tmp_path):
 
 def test_verify_command_reports_a_small_logit_difference(qwen2_dir):
   out = subprocess.run(
-    [sys.executable, "-m", "starpo_jax.models.hf", "verify", qwen2_dir],
+    [sys.executable, "-m", "starpo_jax.hf", "verify", qwen2_dir],
     capture_output=True,
     text=True,
     check=True,
@@ -162,7 +162,7 @@ def test_verify_command_reports_a_small_logit_difference(qwen2_dir):
 
 def test_verify_command_exits_with_the_error_for_a_bad_checkpoint(tmp_path):
   result = subprocess.run(
-    [sys.executable, "-m", "starpo_jax.models.hf", "verify", str(tmp_path)],
+    [sys.executable, "-m", "starpo_jax.hf", "verify", str(tmp_path)],
     capture_output=True,
     text=True,
   )

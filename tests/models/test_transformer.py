@@ -10,8 +10,7 @@ import torch
 import transformers
 from flax import nnx
 
-from starpo_jax import sampling
-from starpo_jax.models import hf, transformer
+from starpo_jax.models import hf, sampling, transformer
 from tests.helpers import assert_compiles_once
 from tests.models.conftest import VOCAB, torch_logits
 

@@ -30,7 +30,7 @@ def main() -> None:
   import ml_collections
 
   from configs import bandit
-  from starpo_jax import train
+  from starpo_jax.run import train
 
   c = bandit.get_config("")
   # One evaluation env at one temperature: the multi-host path, compiled

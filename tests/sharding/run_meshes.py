@@ -14,8 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import bandit
-from starpo_jax import checkpoint, sharding, train
-from starpo_jax import step as step_lib
+from starpo_jax import sharding
+from starpo_jax.algo import periodic
+from starpo_jax.algo import step as step_lib
+from starpo_jax.run import assembly, checkpoint
 
 # One device, and all three axes at once (data, FSDP and tensor
 # parallelism): each further mesh is a compile of about 30 s on 2 cores
@@ -47,20 +49,17 @@ def gradient(setup, learner, state) -> np.ndarray:
   before the optimizer sees it, flattened. Adam's first step turns every
   coordinate into +-lr, so coordinates whose gradient is rounding noise
   may take either sign on another mesh; the gradient itself must agree."""
-  algo, rcfg = setup.algo, setup.rollout_cfg
+  spec = assembly.step_spec(setup, learner)
   k_roll, _ = step_lib.step_keys(state)
 
   def grad(state, codec, key):
-    p = step_lib.prepare(
-      learner, state, codec, setup.env, rcfg, algo, setup.filter_cfg, key
-    )
-    objective = lambda params: step_lib.term_objective(
+    p = step_lib.prepare(spec, state, codec, key)
+    objective = lambda params: periodic.term_objective(
       params,
       learner.policy_def,
       p.batch,
-      algo,
-      rcfg.temperature,
-      codec.allowed,
+      spec.algo,
+      spec.distribution(codec),
       jnp.ones(3),
     )[0]
     return jax.grad(objective)(state.policy)
@@ -75,14 +74,14 @@ def main() -> None:
   assert len(jax.devices()) == 8, jax.devices()
   out = {}
   for shape in MESHES:
-    setup = train.build(config())
+    setup = assembly.build(config())
     setup.mesh = sharding.make_mesh(shape, jax.devices()[: int(np.prod(shape))])
-    learner = train.make_learner(setup)
-    state = train.init_state(setup, learner)
+    learner = assembly.make_learner(setup)
+    state = assembly.init_state(setup, learner)
     # A LoRA run's base digest, of the weights as each mesh shards them.
     digest = checkpoint.digest(state.policy)
     grad = gradient(setup, learner, state)  # before the step donates state
-    step = train.compile_step(setup, state, learner)
+    step = assembly.compile_step(setup, state, learner)
     state, metrics = step(state, setup.codec)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     shards = {

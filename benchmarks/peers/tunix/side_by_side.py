@@ -44,8 +44,9 @@ from benchmarks import common
 from benchmarks import run as run_lib
 from benchmarks.peers.tunix import check
 from benchmarks.torch_baseline import starpo as tb
-from starpo_jax import text, train
+from starpo_jax.agent import codec as codec_lib
 from starpo_jax.models import hf
+from starpo_jax.run import assembly
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = "Tunix 0.1.7 agentic GRPO"
@@ -75,13 +76,13 @@ def warm_pair(size: str, workdir: str, sft_steps: int) -> run_lib.Pair:
       "rollout.max_context": 768,
     },
   )
-  pair.state = train.init_state(pair.setup, pair.learner)
+  pair.state = assembly.init_state(pair.setup, pair.learner)
   if sft_steps:
-    sft_step = train.compile_sft_step(pair.setup, pair.state, pair.learner)
+    sft_step = assembly.compile_sft_step(pair.setup, pair.state, pair.learner)
     for _ in range(sft_steps):
       pair.state, _ = sft_step(pair.state, pair.setup.codec)
     pair.state = pair.state.replace(
-      policy_opt=train.optimizer_state(
+      policy_opt=assembly.optimizer_state(
         pair.learner.policy_tx, pair.state.policy, pair.setup.mesh
       )
     )
@@ -117,7 +118,7 @@ def spec(pair: run_lib.Pair, workdir: str, iterations: int) -> dict[str, Any]:
   """What ``iteration.py`` needs, from the JAX side's setup."""
   r, a = pair.setup.rollout_cfg, pair.setup.algo
   o = pair.config.optim
-  settings = text.PromptSettings(
+  settings = codec_lib.PromptSettings(
     enable_think=r.enable_think,
     max_actions_per_turn=r.max_actions_per_turn,
     response_hint=r.max_new_tokens,
@@ -129,7 +130,7 @@ def spec(pair: run_lib.Pair, workdir: str, iterations: int) -> dict[str, Any]:
     workdir=workdir,
     checkpoint=pair.model_dir,
     tokenizer=os.path.join(workdir, "tokenizer"),
-    system=text.system_text(pair.setup.env.spec, settings),
+    system=codec_lib.system_text(pair.setup.env.spec, settings),
     env_groups=r.env_groups,
     group_size=r.group_size,
     max_turns=r.max_turns,
@@ -155,7 +156,7 @@ def spec(pair: run_lib.Pair, workdir: str, iterations: int) -> dict[str, Any]:
 def jax_side(pair: run_lib.Pair, repeats: int) -> dict[str, Any]:
   """The compiled step's iterations/s, generated tokens and mean episode
   return (after one warm-up call)."""
-  step = train.compile_step(pair.setup, pair.state, pair.learner)
+  step = assembly.compile_step(pair.setup, pair.state, pair.learner)
   holder = {"state": pair.state}
   seen: list[dict[str, float]] = []
 

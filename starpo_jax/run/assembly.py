@@ -1,12 +1,11 @@
-"""The training driver: build or resume, loop, log, evaluate, checkpoint.
+"""A run assembled from its config: environments, tokenizer, model, step
+settings (``build``); the policy's and critic's definitions and optimizers
+(``make_learner``); the train state, created sharded or restored
+(``init_state``, ``load_policy``); the compiled steps.
 
-  train.run(config, workdir)
-
-Everything that can be checked is checked before anything compiles: the
-config (unknown keys and wrong types are refused by ``ml_collections``;
-values here), the environment, the checkpoint, the workdir. A run resumes
-automatically from the latest checkpoint in its workdir, replaying exactly
-the steps an uninterrupted run would take.
+Everything is checked on the host before anything compiles: unknown keys
+and wrong types are refused by ``ml_collections``, values here, each
+error naming its setting (``ConfigError``).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import dataclasses
 import functools
 import json
 import os
-import time
 from typing import Any
 
 import jax
@@ -26,32 +24,23 @@ import optax
 from flax import nnx
 
 import envs
-from starpo_jax import (
-  checkpoint,
-  diagnostics,
-  evaluate,
-  filtering,
-  preemption,
-  rollout,
-  sft,
-  sharding,
-  stopping,
-  text,
-)
-from starpo_jax import logging as log_lib
+from starpo_jax import sharding
+from starpo_jax.agent import codec as codec_lib
+from starpo_jax.agent import rollout
+from starpo_jax.algo import diagnostics, filtering, sft
+from starpo_jax.algo.config import AlgoConfig
+from starpo_jax.algo.spec import StepSpec
+from starpo_jax.algo.state import CRITIC_OWN, Learner, TrainState, trainable
+from starpo_jax.algo.step import make_step
 from starpo_jax.models import hf, lora, transformer
 from starpo_jax.models import tokenizer as tokenizer_lib
-from starpo_jax.step import (
-  CRITIC_OWN,
-  AlgoConfig,
-  Learner,
-  TrainState,
-  make_step,
-  trainable,
-)
+from starpo_jax.run import checkpoint, stopping
+from starpo_jax.run import metrics as metrics_lib
 
 # The run's config, as JSON, in its workdir.
 CONFIG_FILE = "config.json"
+
+
 # The settings that name files a run reads (its config.json holds them
 # absolute: the run can be evaluated from another directory).
 PATHS = (
@@ -63,10 +52,6 @@ PATHS = (
 
 class ConfigError(ValueError):
   """A setting that cannot work; the message names it."""
-
-
-class NonFiniteError(RuntimeError):
-  """Training produced non-finite losses for too many steps in a row."""
 
 
 @dataclasses.dataclass
@@ -84,8 +69,8 @@ class Setup:
   stop_cfg: stopping.StopConfig
   diag_cfg: diagnostics.DiagnosticsConfig
   model_cfg: transformer.ModelConfig
-  codec: text.Codec
-  eval_codecs: dict[str, text.Codec]
+  codec: codec_lib.Codec
+  eval_codecs: dict[str, codec_lib.Codec]
   mesh: Any
 
 
@@ -132,7 +117,9 @@ def build(
   ``devices`` (default: all) make the mesh.
   """
   env, eval_envs = _environments(config.env)
-  rcfg = _dataclass_from(rollout.RolloutConfig, config.rollout, "rollout")
+  rollout_cfg = _dataclass_from(
+    rollout.RolloutConfig, config.rollout, "rollout"
+  )
   algo = _dataclass_from(AlgoConfig, config.algo, "algo")
   filter_cfg = _dataclass_from(filtering.FilterConfig, config.filter, "filter")
   sft_cfg = _dataclass_from(sft.SftConfig, config.sft, "sft")
@@ -143,23 +130,23 @@ def build(
     diagnostics.DiagnosticsConfig, config.diagnostics, "diagnostics"
   )
   try:
-    log_lib.profile_range(config.train.get("profile", ""))
+    metrics_lib.profile_range(config.train.get("profile", ""))
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
-  if rcfg.batch % algo.minibatches:
+  if rollout_cfg.batch % algo.minibatches:
     raise ConfigError(
       f"config.algo.minibatches={algo.minibatches} must divide the "
-      f"{rcfg.batch} episodes (rollout.env_groups x rollout.group_size)"
+      f"{rollout_cfg.batch} episodes (rollout.env_groups x rollout.group_size)"
     )
-  settings = rcfg.prompt_settings()
+  settings = rollout_cfg.prompt_settings()
   tok = _tokenizer(
     config.model, [env, *eval_envs.values()], settings, shapes_only
   )
   model_cfg = _model_config(config.model, tok)
   _check_lora(config, model_cfg, sft_cfg)
-  codec = text.Codec.build(tok, env.spec, settings, model_cfg.vocab_size)
+  codec = codec_lib.Codec.build(tok, env.spec, settings, model_cfg.vocab_size)
   eval_codecs = {
-    name: text.Codec.build(tok, e.spec, settings, model_cfg.vocab_size)
+    name: codec_lib.Codec.build(tok, e.spec, settings, model_cfg.vocab_size)
     for name, e in eval_envs.items()
   }
   try:
@@ -170,7 +157,7 @@ def build(
     try:
       sft.check(
         env,
-        sft.episodes_config(rcfg, sft_cfg, codec),
+        sft.episodes_config(rollout_cfg, sft_cfg, codec),
         sft.Replies.build(tok, env.spec.action_names),
         sft_cfg.expert,
       )
@@ -181,7 +168,7 @@ def build(
     env=env,
     eval_envs=eval_envs,
     tokenizer=tok,
-    rollout_cfg=rcfg,
+    rollout_cfg=rollout_cfg,
     algo=algo,
     filter_cfg=filter_cfg,
     sft_cfg=sft_cfg,
@@ -211,7 +198,7 @@ def _environments(c: ml_collections.ConfigDict) -> tuple[Any, dict[str, Any]]:
 def _tokenizer(
   m: ml_collections.ConfigDict,
   all_envs: list[Any],
-  settings: text.PromptSettings,
+  settings: codec_lib.PromptSettings,
   shapes_only: bool,
 ) -> tokenizer_lib.Tokenizer:
   """The checkpoint's (or ``model.tokenizer``'s) tokenizer; for the tiny
@@ -226,7 +213,7 @@ def _tokenizer(
   if m.preset == "tiny" or shapes_only:
     pieces = []
     for e in all_envs:
-      pieces += text.prompt_pieces(e.spec, settings)
+      pieces += codec_lib.prompt_pieces(e.spec, settings)
     return tokenizer_lib.build_compact(pieces)
   raise ConfigError(
     f"config.model: preset {m.preset!r} needs model.ckpt or model.tokenizer"
@@ -526,46 +513,6 @@ def abstract_state(setup: Setup, learner: Learner) -> TrainState:
   )
 
 
-def _check_workdir(workdir: str) -> None:
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, f".write_test{jax.process_index()}")
-    with open(probe, "w") as f:
-      f.write("ok")
-    os.remove(probe)
-  except OSError as e:
-    raise ConfigError(f"workdir {workdir!r} is not writable: {e}") from None
-
-
-def make_evaluator(
-  setup: Setup,
-  learner: Learner,
-  *,
-  episodes: int | None = None,
-  temperatures: tuple[float, ...] | None = None,
-  transcripts: bool | None = None,
-  samples: int = 1,
-) -> evaluate.Evaluator:
-  """Held-out evaluation as the config asks for it; the keywords override
-  the config's ``train.eval_episodes``, ``eval_temperatures`` and
-  ``transcripts``."""
-  t = setup.config.train
-  pick = lambda value, default: default if value is None else value
-  return evaluate.Evaluator(
-    envs=setup.eval_envs,
-    codecs=setup.eval_codecs,
-    rollout_cfg=setup.rollout_cfg,
-    policy_def=learner.policy_def,
-    episodes=pick(episodes, t.eval_episodes),
-    temperatures=tuple(pick(temperatures, t.eval_temperatures)),
-    seed=setup.config.seed,
-    tokenizer=setup.tokenizer,
-    transcripts=pick(transcripts, t.transcripts),
-    mesh=setup.mesh,
-    samples=samples,
-  )
-
-
 def _jit_step(fn, state: TrainState, mesh):
   """``fn(state, codec) -> (state, metrics)`` jitted with the state donated
   and explicit shardings (the state keeps its own, metrics replicated)."""
@@ -579,17 +526,21 @@ def _jit_step(fn, state: TrainState, mesh):
   )
 
 
+def step_spec(setup: Setup, learner: Learner) -> StepSpec:
+  """The static pieces of the run's RL step."""
+  return StepSpec(
+    env=setup.env,
+    rollout=setup.rollout_cfg,
+    algo=setup.algo,
+    filter=setup.filter_cfg,
+    learner=learner,
+    diagnostics=setup.diag_cfg,
+  )
+
+
 def compile_step(setup: Setup, state: TrainState, learner: Learner):
   """The jitted RL step."""
-  step = make_step(
-    env=setup.env,
-    rollout_cfg=setup.rollout_cfg,
-    algo=setup.algo,
-    filter_cfg=setup.filter_cfg,
-    learner=learner,
-    mesh=setup.mesh,
-    diag_cfg=setup.diag_cfg,
-  )
+  step = make_step(step_spec(setup, learner), setup.mesh)
   return _jit_step(step, state, setup.mesh)
 
 
@@ -607,119 +558,6 @@ def compile_sft_step(setup: Setup, state: TrainState, learner: Learner):
     mesh=setup.mesh,
   )
   return _jit_step(step, state, setup.mesh)
-
-
-class _Run:
-  """The loop's bookkeeping: when to evaluate and checkpoint, logging,
-  transcripts, and the stop on repeated non-finite steps."""
-
-  def __init__(self, setup: Setup, learner: Learner, workdir: str) -> None:
-    c = setup.config
-    self.setup, self.workdir = setup, workdir
-    self.primary = jax.process_index() == 0
-    self.sft_steps = setup.sft_cfg.steps
-    self.total = self.sft_steps + c.train.steps
-    self.ckpt = checkpoint.Checkpointer(
-      os.path.join(os.path.abspath(workdir), "checkpoints"),
-      c.train.keep_checkpoints,
-    )
-    self.writer = log_lib.MetricWriter(workdir, enabled=self.primary)
-    self.progress = log_lib.Progress(self.total, enabled=self.primary)
-    self.profile = log_lib.Profile(c.train.get("profile", ""), workdir)
-    self.evaluator = make_evaluator(setup, learner) if self.every else None
-    self.evals: dict[int, float] = {}
-    # A LoRA run's frozen weights, as its checkpoints describe them.
-    self.base: dict[str, str] | None = None
-    self.preemption = preemption.Preemption()
-
-  def save_config(self) -> None:
-    """Writes what ``python -m starpo_jax.evaluate --workdir`` rebuilds the
-    run from (once its checkpoint restored: a config that does not fit it
-    replaces nothing), with the paths it reads from absolute."""
-    if not self.primary:
-      return
-    c = self.setup.config.copy_and_resolve_references()
-    for section, key in PATHS:
-      if c[section][key]:
-        c[section][key] = os.path.abspath(c[section][key])
-    with open(os.path.join(self.workdir, CONFIG_FILE), "w") as f:
-      f.write(c.to_json_best_effort(indent=1, sort_keys=True))
-
-  @property
-  def every(self) -> int:
-    return self.setup.config.train.eval_every
-
-  def evaluating(self, step: int) -> bool:
-    boundary = step in (0, self.sft_steps, self.total)
-    return self.every > 0 and (step % self.every == 0 or boundary)
-
-  def checkpointing(self, step: int) -> bool:
-    every = self.setup.config.train.checkpoint_every
-    return step % every == 0 or step in (self.sft_steps, self.total)
-
-  def print(self, line: str) -> None:
-    if self.primary:
-      print(line, flush=True)
-
-  def stop_early(self, step: int, reason: str) -> None:
-    line = f"early stop at step {step}: {reason}"
-    self.print(line)
-    if self.primary:
-      with open(os.path.join(self.workdir, "early_stop.txt"), "w") as f:
-        f.write(line + "\n")
-
-  def evaluate(self, step: int, params: Any) -> dict[str, float]:
-    t0 = time.perf_counter()
-    metrics, transcripts = self.evaluator(params)
-    metrics["time/eval_s"] = time.perf_counter() - t0
-    self.evals[step] = metrics["eval/success"]
-    if self.primary and transcripts:
-      where = os.path.join(self.workdir, "transcripts")
-      os.makedirs(where, exist_ok=True)
-      for name, body in transcripts.items():
-        with open(os.path.join(where, f"step{step:06d}_{name}.txt"), "w") as f:
-          f.write(body)
-    return metrics
-
-  def describe(self, metrics: dict[str, float]) -> str:
-    temps = self.setup.config.train.eval_temperatures
-    out = []
-    for i, t in enumerate(temps):
-      at = "" if i == 0 else f"@t{t:g}"
-      get = lambda stat, at=at: 100 * metrics[f"eval/{stat}{at}"]
-      out.append(
-        f"{get('success'):.1f}% [{get('success_lo'):.1f}, "
-        f"{get('success_hi'):.1f}] at t={t:g}"
-      )
-    return (
-      "eval success "
-      + ", ".join(out)
-      + f"; random valid player {100 * metrics['eval/random_success']:.1f}%"
-    )
-
-  def check_finite(self, step: int, metrics: dict[str, float]) -> None:
-    streak = int(metrics["train/nonfinite_streak"])
-    if streak < self.setup.config.train.max_nonfinite_steps:
-      return
-    self.ckpt.wait()
-    good = self.ckpt.latest_step()
-    where = (
-      f"the last good checkpoint is step {good} in {self.workdir}"
-      if good is not None
-      else "no checkpoint had been saved yet"
-    )
-    raise NonFiniteError(
-      f"stopped at step {step}: {streak} consecutive steps with a "
-      f"non-finite loss (their updates were skipped); {where}"
-    )
-
-  def close(self) -> None:
-    self.preemption.close()
-    self.profile.stop()
-    self.ckpt.wait()
-    self.ckpt.close()
-    self.writer.close()
-    self.progress.close()
 
 
 def load_policy(
@@ -817,169 +655,6 @@ def policy_from(state: TrainState, setup: Setup, source: str) -> TrainState:
   _, policy = load_policy(setup, source, what=what)
   reference = policy if state.reference is not None else None
   return state.replace(policy=policy, reference=reference)
-
-
-def _restore(run: _Run, state: TrainState) -> TrainState:
-  """The workdir's latest checkpoint; else, with ``train.init_from``, a
-  fresh state whose policy comes from that run. A LoRA run's checkpoints
-  hold its adapters: its weights come from that run (or are created) each
-  time, and must be the ones its adapters were trained on."""
-  start = run.ckpt.latest_step()
-  source = run.setup.config.train.init_from
-  adapters = run.setup.model_cfg.lora is not None
-  if source and (start is None or adapters):
-    if start is None:
-      run.print(f"starting from the policy of {source}")
-    state = policy_from(state, run.setup, source)
-  if adapters:
-    run.base = base_of(run.setup, state.policy.filter(lora.WEIGHTS))
-  if start is None:
-    return state
-  try:
-    state = run.ckpt.restore(start, state, run.base)
-  except checkpoint.BaseMismatch as e:
-    raise ConfigError(str(e)) from None
-  run.writer.truncate_after(start)
-  run.print(f"resumed from step {start} in {run.workdir}")
-  return state
-
-
-def _evaluate_start(r: _Run, state: TrainState, t_run: float) -> None:
-  """Step 0's held-out evaluation, of the untrained (or loaded) policy."""
-  first = r.evaluate(0, state.policy)
-  first["time/elapsed_s"] = time.perf_counter() - t_run
-  r.writer.write(0, first)
-  start = "starting policy" if r.setup.config.train.init_from else "untrained"
-  r.print(f"{start}: {r.describe(first)}")
-
-
-def _host_metrics(metrics: dict[str, Any], step_s: float) -> dict[str, float]:
-  """A step's device metrics as host floats, with its time and rate."""
-  out = {k: float(sharding.local_value(v)) for k, v in metrics.items()}
-  out = diagnostics.logged(out)
-  out["time/step_s"] = step_s
-  if "rollout/generated_tokens" in out:
-    out["time/tokens_per_s"] = out["rollout/generated_tokens"] / step_s
-  return out
-
-
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs ``config.sft.steps`` warm-start steps, then ``config.train.steps``
-  RL steps, resuming from ``workdir``.
-
-  Returns:
-    The final summary: steps, last metrics, held-out success by step.
-
-  Raises:
-    ConfigError: a bad setting or workdir, before anything compiles.
-    NonFiniteError: too many consecutive non-finite steps (the last good
-      checkpoint is kept).
-
-  An early-stopping rule that fires (``config.train.early_stop``,
-  ``stopping.py``) ends the run at that step with a checkpoint; the reason
-  is printed, written to ``workdir/early_stop.txt`` and returned. A
-  SIGTERM or Ctrl-C (``preemption.py``) ends it after the step in progress
-  with a checkpoint; the signal is returned as ``"preempted"``.
-  """
-  t_run = time.perf_counter()
-  setup = build(config)
-  _check_workdir(workdir)
-  learner = make_learner(setup)
-  r = _Run(setup, learner, workdir)
-  try:
-    return _loop(r, learner, t_run)
-  finally:
-    r.close()
-
-
-def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
-  """``run``'s steps, from the workdir's checkpoint to the end, an early
-  stop or a preemption."""
-  setup, config = r.setup, r.setup.config
-  state = _restore(r, init_state(setup, learner))
-  r.save_config()
-  # Each phase compiles when it first runs (a resumed run may skip one).
-  compilers = {"sft": compile_sft_step, "rl": compile_step}
-  compiled = {}
-  codec = sharding.replicate(setup.codec, setup.mesh)
-  last: dict[str, float] = {}
-  stopper = stopping.EarlyStop(setup.stop_cfg)
-  stopped = preempted = None
-  step = int(sharding.local_value(state.step))
-  if step == 0 and r.evaluating(0):
-    _evaluate_start(r, state, t_run)
-  while step < r.total:
-    t0 = time.perf_counter()
-    phase = "sft" if step < r.sft_steps else "rl"
-    if phase not in compiled:
-      compiled[phase] = compilers[phase](setup, state, learner)
-    r.profile.before(step + 1)
-    state, metrics = compiled[phase](state, codec)
-    step += 1
-    r.profile.after(step, metrics)
-    if step == r.sft_steps:
-      # RL starts from the warm-started policy with fresh optimizer moments.
-      state = state.replace(
-        policy_opt=policy_optimizer_state(learner, state.policy, setup.mesh)
-      )
-    evaluating = r.evaluating(step)
-    watching = setup.stop_cfg.enabled and phase == "rl"
-    if evaluating or watching or step % config.train.log_every == 0:
-      metrics = _host_metrics(metrics, time.perf_counter() - t0)
-      if evaluating:
-        metrics.update(r.evaluate(step, state.policy))
-      # Wall time since this process started the run, compiles included.
-      metrics["time/elapsed_s"] = time.perf_counter() - t_run
-      if phase == "rl":
-        # The reward spread relative to its early level, rules on or off.
-        stopped = stopper.after_step(metrics)
-        if watching and stopped is None and "eval/success" in metrics:
-          stopped = stopper.after_eval(metrics["eval/success"])
-      r.writer.write(step, metrics)
-      r.progress.update(step, metrics)
-      if evaluating and step == r.sft_steps:
-        r.print(f"after {step} warm-start steps: {r.describe(metrics)}")
-      last = metrics
-      r.check_finite(step, metrics)
-    # A signal stops the run at a step boundary, where it checkpoints;
-    # the metrics of the steps run stay as an uninterrupted run logs them.
-    preempted = r.preemption.signal if r.preemption.requested(step) else None
-    if r.checkpointing(step) or stopped or preempted:
-      r.ckpt.save(step, state, r.base)
-    if stopped:
-      r.stop_early(step, stopped)
-      break
-    if preempted:
-      r.ckpt.wait()
-      r.print(
-        f"stopped by {preempted} after step {step} of {r.total}: checkpoint "
-        f"saved in {r.workdir}; the same command resumes the run"
-      )
-      break
-  seconds = time.perf_counter() - t_run
-  return _summary(r, step, seconds, last, stopped, preempted)
-
-
-def _summary(
-  r: _Run,
-  step: int,
-  seconds: float,
-  last: dict[str, float],
-  stopped: str | None,
-  preempted: str | None,
-) -> dict[str, Any]:
-  """What ``run`` returns, and its closing lines."""
-  if "eval/success" in last and not preempted:
-    r.print(f"done: {step} steps in {seconds:.0f}s; {r.describe(last)}")
-  r.print(f"metrics in {r.writer.path}")
-  return {
-    "steps": step,
-    "seconds": seconds,
-    "final": last,
-    "eval_success": r.evals,
-    "early_stop": stopped,
-    "preempted": preempted,
-  }
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:

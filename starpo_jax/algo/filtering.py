@@ -17,7 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from starpo_jax.advantages import group_std
+from starpo_jax.algo.advantages import group_std
 
 METRICS = ("reward_std", "reward_mean", "reward_sum", "entropy", "length")
 STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p")

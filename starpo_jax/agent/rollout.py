@@ -30,8 +30,8 @@ from flax import struct
 
 import envs
 from envs import Env
-from starpo_jax import sampling
-from starpo_jax.text import Codec, PromptSettings
+from starpo_jax.agent.codec import Codec, PromptSettings
+from starpo_jax.models import sampling
 
 
 @dataclasses.dataclass(frozen=True)

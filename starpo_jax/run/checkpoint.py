@@ -24,7 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from starpo_jax.step import TrainState
+from starpo_jax.algo.state import TrainState
 
 
 class BaseMismatch(ValueError):

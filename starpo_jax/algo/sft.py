@@ -27,17 +27,16 @@ import optax
 from flax import nnx, struct
 
 from envs import Env, planning
-from starpo_jax import rollout as rollout_lib
 from starpo_jax import sharding
+from starpo_jax.agent import rollout as rollout_lib
+from starpo_jax.agent.codec import Codec
+from starpo_jax.agent.parse import ANSWER_CLOSE
+from starpo_jax.agent.ragged import pack
+from starpo_jax.agent.rollout import RolloutConfig, Trajectory
+from starpo_jax.algo.logprobs import pack_generated, sequence_logprobs
+from starpo_jax.algo.state import TrainState
+from starpo_jax.algo.update import apply_gradients
 from starpo_jax.models.tokenizer import Tokenizer
-from starpo_jax.rollout import RolloutConfig, Trajectory
-from starpo_jax.step import (
-  TrainState,
-  apply_gradients,
-  pack_generated,
-  sequence_logprobs,
-)
-from starpo_jax.text import ANSWER_CLOSE, Codec, pack
 
 EXPERTS = ("planner", "random_valid")
 
@@ -212,23 +211,26 @@ def episodes_config(
   )
 
 
-def check(env: Env, cfg: RolloutConfig, replies: Replies, expert: str) -> None:
+def check(
+  env: Env, rollout_cfg: RolloutConfig, replies: Replies, expert: str
+) -> None:
   """Raises ``ValueError`` naming what stops the warm start from working."""
   if expert == "planner" and not hasattr(env, "plan"):
     raise ValueError(
       f"sft: environment {env.spec.name!r} has no planner (env.plan) to "
       "imitate; sft.expert='random_valid' imitates valid play"
     )
-  if cfg.enable_think:
+  if rollout_cfg.enable_think:
     raise ValueError(
       "sft: imitation needs rollout.enable_think=False (the planner gives "
       "actions, not reasoning to imitate)"
     )
-  need = replies.turn_tokens(cfg.max_actions_per_turn)
-  if need > cfg.max_new_tokens:
+  actions = rollout_cfg.max_actions_per_turn
+  need, budget = replies.turn_tokens(actions), rollout_cfg.max_new_tokens
+  if need > budget:
     raise ValueError(
-      f"sft: a reply of {cfg.max_actions_per_turn} actions takes up to "
-      f"{need} tokens; rollout.max_new_tokens={cfg.max_new_tokens} is less"
+      f"sft: a reply of {actions} actions takes up to {need} tokens; "
+      f"rollout.max_new_tokens={budget} is less"
     )
 
 
@@ -236,27 +238,29 @@ def expert_trajectories(
   env: Env,
   codec: Codec,
   replies: Replies,
-  cfg: RolloutConfig,
+  rollout_cfg: RolloutConfig,
   key: jax.Array,
   constrain=lambda tree: tree,
   expert: str = "planner",
 ) -> Trajectory:
-  """Plays ``cfg.batch`` new levels with the expert's actions: their
+  """Plays ``rollout_cfg.batch`` new levels with the expert's actions: their
   shortest solutions, or random valid ones."""
-  states = rollout_lib.reset(env, cfg, rollout_lib.reset_key(key))
-  horizon = cfg.max_actions_per_traj
+  states = rollout_lib.reset(env, rollout_cfg, rollout_lib.reset_key(key))
+  horizon = rollout_cfg.max_actions_per_traj
   if expert == "planner":
     plans = jax.vmap(lambda s: env.plan(s, horizon))(states)
   else:
-    keys = jax.random.split(jax.random.fold_in(key, 1), cfg.batch)
+    keys = jax.random.split(jax.random.fold_in(key, 1), rollout_cfg.batch)
     plans = jax.vmap(
       lambda s, k: planning.random_valid_play(env, s, horizon, k)[0]
     )(states, keys)
   scripts = jax.vmap(
-    lambda a: replies.script(a, cfg.max_actions_per_turn, cfg.max_turns)
+    lambda a: replies.script(
+      a, rollout_cfg.max_actions_per_turn, rollout_cfg.max_turns
+    )
   )(plans.actions)
   policy = ScriptedPolicy(scripts, codec.token_bytes.shape[0])
-  return rollout_lib.rollout(policy, codec, env, cfg, key, constrain)
+  return rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
 
 
 def imitation_loss(

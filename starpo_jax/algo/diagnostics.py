@@ -41,9 +41,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from starpo_jax import advantages as adv_lib
-from starpo_jax import filtering, losses
-from starpo_jax.rollout import Trajectory
+from starpo_jax.agent.rollout import Trajectory
+from starpo_jax.algo import advantages as adv_lib
+from starpo_jax.algo import filtering, losses
 
 
 def summary(traj: Trajectory, group_size: int) -> dict[str, jax.Array]:

@@ -1,0 +1,67 @@
+"""The algorithm's settings (``config.algo``): estimator, losses, clipping,
+KL, minibatches, micro-batches, length buckets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from starpo_jax.algo import advantages as adv_lib
+from starpo_jax.algo import losses
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoConfig:
+  """The update rule (RAGEN / verl defaults where they have them)."""
+
+  adv_estimator: str = "gae"
+  gamma: float = 1.0
+  lam: float = 1.0
+  turn_gamma: float = 0.95  # bi-level GAE's turn-level discount
+  norm_adv_by_std: bool = True  # GRPO; False is Dr.GRPO
+  use_turn_scores: bool = False
+  clip_low: float = 0.2
+  clip_high: float = 0.28
+  dual_clip: float = 3.0
+  entropy_coef: float = 0.001
+  loss_agg: str = "token-mean"
+  kl_coef: float = 0.0
+  kl_estimator: str = "k3"
+  kl_in_reward: bool = False
+  value_clip: float = 0.5
+  epochs: int = 1
+  minibatches: int = 4
+  # Tokens a forward and backward pass may hold at once: each minibatch is
+  # cut into as many micro-batches as that needs, their gradients summed
+  # (the same update, less memory). 0: the whole minibatch at once.
+  micro_batch_tokens: int = 0
+  logits_chunk: int = 512  # sequence chunk for log-probabilities
+  # Scoring and the update run at the shortest of this many static lengths
+  # (evenly spaced up to rollout.max_context, multiples of 128) that holds
+  # the longest kept episode; each length is one more compile of them. 1:
+  # always max_context.
+  length_buckets: int = 4
+
+  def __post_init__(self) -> None:
+    for name, known in (
+      ("adv_estimator", tuple(adv_lib.ESTIMATORS)),
+      ("loss_agg", losses.AGGREGATIONS),
+      ("kl_estimator", losses.KL_ESTIMATORS),
+    ):
+      if getattr(self, name) not in known:
+        raise ValueError(
+          f"algo: {name}={getattr(self, name)!r}; expected one of {known}"
+        )
+    for name in ("epochs", "minibatches", "logits_chunk", "length_buckets"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"algo: {name} must be >= 1")
+    if self.micro_batch_tokens < 0:
+      raise ValueError("algo: micro_batch_tokens must be >= 0 (0: no limit)")
+
+  @property
+  def uses_critic(self) -> bool:
+    return self.adv_estimator in adv_lib.NEEDS_CRITIC
+
+  @property
+  def uses_reference(self) -> bool:
+    return self.kl_coef > 0

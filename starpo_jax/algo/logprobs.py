@@ -1,0 +1,108 @@
+"""Log-probabilities and values of the generated tokens of packed
+sequences, in chunks of the vocabulary (never a whole ``[B, L, V]``
+logits array), with the sampling's temperature and allowed tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from starpo_jax.agent.rollout import (
+  Trajectory,
+)
+from starpo_jax.algo import losses
+
+
+def generated_positions(mask: jax.Array, size: int) -> jax.Array:
+  """Positions of generated tokens, packed: ``[B, L]`` bool -> ``[B, G]``.
+
+  Unused slots hold position 0 (which is never a generated token).
+  """
+  length = mask.shape[1]
+  idx = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, size)
+  rows = jnp.arange(mask.shape[0])[:, None]
+  out = jnp.zeros((mask.shape[0], size), jnp.int32)
+  return out.at[rows, idx].set(
+    jnp.broadcast_to(jnp.arange(length), mask.shape), mode="drop"
+  )
+
+
+def pack_generated(traj: Trajectory, size: int) -> tuple[jax.Array, jax.Array]:
+  """Where an episode's generated tokens are, packed to the front:
+  positions ``[B, size]`` int32 and which slots hold one, ``[B, size]``."""
+  positions = generated_positions(traj.loss_mask, size)
+  count = jnp.sum(traj.loss_mask, 1)[:, None]
+  return positions, jnp.arange(size) < count
+
+
+def _before_each(
+  model: Any, tokens: jax.Array, positions: jax.Array
+) -> jax.Array:
+  """Hidden states ``[B, G, D]`` that predict the tokens at ``positions``:
+  the token at position p is predicted from the hidden state at p - 1.
+  ``positions`` must be ``_within(tokens, ...)``."""
+  h, _ = model.hidden(tokens)
+  before = jnp.maximum(positions - 1, 0)
+  return jnp.take_along_axis(h, before[..., None], axis=1)
+
+
+def _within(tokens: jax.Array, positions: jax.Array) -> jax.Array:
+  """``positions`` clamped into ``tokens [B, L]``: a sequence cut to a
+  length bucket may leave untrained tokens beyond it, whose values are
+  then finite and masked (an out-of-range gather gives NaN, and a NaN
+  times a zero mask is still NaN in the gradient)."""
+  return jnp.minimum(positions, tokens.shape[1] - 1)
+
+
+def sequence_logprobs(
+  model: Any,
+  tokens: jax.Array,
+  positions: jax.Array,
+  temperature: float,
+  allowed: jax.Array | None,
+  chunk: int,
+) -> tuple[jax.Array, jax.Array]:
+  """Log-probabilities and entropies of the generated tokens.
+
+  The backbone runs over the whole sequence; logits are formed only for
+  the generated tokens (``positions``), ``chunk`` at a time under
+  rematerialisation, so a large vocabulary never needs ``[B, L, V]``.
+
+  Args:
+    tokens: ``[B, L]``.
+    positions: ``[B, G]`` where the generated tokens are.
+
+  Returns:
+    ``logp`` and ``entropy``, ``[B, G]``.
+  """
+  positions = _within(tokens, positions)
+  h_prev = _before_each(model, tokens, positions)
+  targets = jnp.take_along_axis(tokens, positions, axis=1)
+  b, g, d = h_prev.shape
+  chunk = min(chunk, g)
+  pad = -g % chunk
+  hp = jnp.pad(h_prev, ((0, 0), (0, pad), (0, 0)))
+  tp = jnp.pad(targets, ((0, 0), (0, pad)))
+  n = hp.shape[1] // chunk
+
+  @jax.checkpoint
+  def one(hc, tc):
+    return losses.token_logprobs(model.logits(hc), tc, temperature, allowed)
+
+  hc = hp.reshape(b, n, chunk, d).swapaxes(0, 1)
+  tc = tp.reshape(b, n, chunk).swapaxes(0, 1)
+  logp, ent = jax.lax.map(lambda xs: one(*xs), (hc, tc))
+  unchunk = lambda x: x.swapaxes(0, 1).reshape(b, -1)[:, :g]
+  return unchunk(logp), unchunk(ent)
+
+
+def sequence_values(
+  critic: Any, tokens: jax.Array, positions: jax.Array
+) -> jax.Array:
+  """The critic's value ``[B, G]`` of the state before each generated
+  token (``tokens [B, L]``, ``positions [B, G]``)."""
+  positions = _within(tokens, positions)
+  return critic.values(_before_each(critic, tokens, positions))

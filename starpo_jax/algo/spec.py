@@ -1,0 +1,48 @@
+"""What one compiled step is made of besides its arguments (the train
+state and the text tables): ``StepSpec``, static and closed over; and
+``Distribution``, the distribution the policy samples from, which every
+log-probability of the update must be taken under.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from envs import Env
+from starpo_jax.agent.codec import Codec
+from starpo_jax.agent.rollout import RolloutConfig
+from starpo_jax.algo.config import AlgoConfig
+from starpo_jax.algo.diagnostics import DiagnosticsConfig
+from starpo_jax.algo.filtering import FilterConfig
+from starpo_jax.algo.state import Learner
+
+
+@dataclasses.dataclass(frozen=True)
+class Distribution:
+  """The policy's sampling distribution: logits divided by ``temperature``
+  (0, greedy, counts as 1) over the ``allowed`` tokens (``[V]`` bool; None:
+  all)."""
+
+  temperature: float
+  allowed: jax.Array | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+  """The static pieces of the RL step: the environment it plays, how it
+  plays (``rollout``), what it optimizes (``algo``), which groups it keeps
+  (``filter``), the models' definitions and optimizers (``learner``), and
+  the periodic diagnostics (None: none)."""
+
+  env: Env
+  rollout: RolloutConfig
+  algo: AlgoConfig
+  filter: FilterConfig
+  learner: Learner
+  diagnostics: DiagnosticsConfig | None = None
+
+  def distribution(self, codec: Codec) -> Distribution:
+    """How the rollout samples with ``codec``'s allowed tokens."""
+    return Distribution(self.rollout.temperature, codec.allowed)

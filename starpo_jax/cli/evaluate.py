@@ -1,0 +1,138 @@
+"""``python -m starpo_jax.evaluate``: evaluates any checkpoint of a run::
+
+  python -m starpo_jax.evaluate --workdir=runs/sokoban
+  python -m starpo_jax.evaluate --workdir=runs/sokoban --step=250 \
+    --episodes=512 --samples=4 --temperatures=0.5,0
+  python -m starpo_jax.evaluate --ckpt=runs/other/checkpoints \
+    --config=configs/sokoban.py --config.rollout.max_turns=10
+
+``--workdir`` rebuilds the run from the ``config.json`` training wrote
+there; ``--ckpt`` with ``--config`` evaluates a checkpoint under any config
+its policy fits. It writes to ``--out`` (default ``WORKDIR/eval/stepN``)
+``summary.json`` (per environment and temperature: success with its 95%
+interval, pass@samples, actions, turns, response length, valid and
+effective action rates; the random valid player beside it), and per
+environment and temperature every episode as a JSON line
+(``{env}_t{T}.jsonl``: each turn's prompt, reply, executed actions and
+reward) and the first ``--transcripts`` as readable text (``.txt``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from starpo_jax.cli import app as cli_app
+from starpo_jax.run import assembly, evaluator
+
+
+def describe(summary: dict[str, Any]) -> str:
+  """The summary as a few readable lines."""
+  k = summary["samples"]
+  lines = [
+    f"step {summary['step']} of {summary['source']}: {summary['levels']} "
+    f"held-out levels x {k} samples"
+  ]
+  for name, entry in summary["envs"].items():
+    for label, st in entry.items():
+      who = "random valid player" if label == "random_valid" else label
+      line = (
+        f"  {name:>14} {who:>20}: success {100 * st['success']:5.1f}% "
+        f"[{100 * st['success_lo']:.1f}, {100 * st['success_hi']:.1f}]"
+      )
+      if label != "random_valid":
+        if k > 1:
+          line += f", pass@{k} {100 * st[f'pass@{k}']:.1f}%"
+        line += (
+          f", {st['num_actions']:.2f} actions, "
+          f"{st['response_length']:.1f} tokens a reply, valid "
+          f"{100 * st['valid_action_rate']:.1f}%"
+        )
+      lines.append(line)
+  return "\n".join(lines)
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+  """The command line (``argv[0]`` is the program name)."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  fv = flags.FlagValues()
+  config = config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "Config file (default: WORKDIR/config.json).",
+    flag_values=fv,
+  )
+  workdir = flags.DEFINE_string(
+    "workdir", None, "A run directory.", flag_values=fv
+  )
+  ckpt = flags.DEFINE_string(
+    "ckpt", None, "A checkpoint directory (needs --config).", flag_values=fv
+  )
+  step = flags.DEFINE_integer(
+    "step", None, "Checkpoint step (latest).", flag_values=fv
+  )
+  out = flags.DEFINE_string("out", None, "Output directory.", flag_values=fv)
+  episodes = flags.DEFINE_integer(
+    "episodes", None, "Held-out levels (train.eval_episodes).", flag_values=fv
+  )
+  samples = flags.DEFINE_integer(
+    "samples", 1, "Plays per level.", flag_values=fv
+  )
+  temps = flags.DEFINE_list(
+    "temperatures",
+    None,
+    "e.g. 0.5,0 (train.eval_temperatures).",
+    flag_values=fv,
+  )
+  shown = flags.DEFINE_integer(
+    "transcripts", 8, "Episodes written as readable text.", flag_values=fv
+  )
+  if cli_app.wants_help(argv):
+    print(__doc__)
+    print(fv.get_help())
+    raise SystemExit(0)
+  try:
+    fv(argv)
+  except flags.Error as e:
+    raise SystemExit(f"evaluate: {e}") from None
+  if (workdir.value is None) == (ckpt.value is None):
+    raise SystemExit("evaluate: give exactly one of --workdir and --ckpt")
+  source = workdir.value or ckpt.value
+  if not os.path.isdir(source):
+    raise SystemExit(f"evaluate: {source!r} is not a directory")
+  cfg = config.value
+  try:
+    if cfg is None:
+      if ckpt.value is not None:
+        raise assembly.ConfigError("--ckpt needs --config")
+      cfg = assembly.load_config(source)
+    temperatures = None
+    if temps.value is not None:
+      try:
+        temperatures = tuple(float(x) for x in temps.value)
+      except ValueError:
+        raise assembly.ConfigError(
+          f"--temperatures={','.join(temps.value)}: not numbers"
+        ) from None
+    summary = evaluator.evaluate_checkpoint(
+      cfg,
+      source,
+      step=step.value,
+      out=out.value,
+      episodes=episodes.value,
+      samples=samples.value,
+      temperatures=temperatures,
+      transcripts=shown.value,
+    )
+  except assembly.ConfigError as e:
+    raise SystemExit(f"evaluate: {e}") from None
+  print(describe(summary))
+  print(f"summary and transcripts in {summary['out']}")
+  return summary
+
+
+if __name__ == "__main__":
+  main(sys.argv)

@@ -1,0 +1,346 @@
+"""Held-out evaluation: success with a 95% interval, sampled and greedy,
+beside a random player on the same levels; readable transcripts.
+
+Validation plays levels no training step draws: training steps fold the
+step number into ``key(seed)``, evaluation folds in the largest number, which
+no step reaches. The levels are the same at every evaluation of a run.
+
+``evaluate_checkpoint`` evaluates a run's checkpoint (the command:
+``python -m starpo_jax.evaluate``, ``starpo_jax/cli/evaluate.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from envs import Env, planning
+from starpo_jax import sharding
+from starpo_jax.agent import rollout as rollout_lib
+from starpo_jax.algo import diagnostics
+from starpo_jax.algo.state import Learner
+from starpo_jax.models.tokenizer import Tokenizer
+from starpo_jax.run import assembly
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96):
+  """The Wilson score interval of a success rate (95% by default)."""
+  if n == 0:
+    return 0.0, 1.0
+  p = successes / n
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def random_valid_success(
+  env: Env, states: Any, actions: int, key: jax.Array
+) -> jax.Array:
+  """Which episodes ``[B]`` a player solves that takes up to ``actions``
+  uniformly random actions among those valid in each state (never a
+  malformed or unavailable answer): the bar a policy that ignores the
+  board cannot pass. An environment with text answers answers once with
+  its ``random_answer`` (Countdown: the numbers in a random order joined
+  by random operators). Jittable; ``states`` are batched."""
+  b = jax.tree.leaves(states)[0].shape[0]
+  if env.spec.text_answers:
+    answers = jax.vmap(env.random_answer)(states, jax.random.split(key, b))
+    return jax.vmap(env.step)(states, answers)[1].success
+  play = lambda s, k: planning.random_valid_play(env, s, actions, k)[1]
+  return jax.vmap(play)(states, jax.random.split(key, b))
+
+
+def episode_record(
+  traj: Any, tokenizer: Tokenizer, action_names: tuple[str, ...], episode: int
+) -> dict[str, Any]:
+  """One episode turn by turn, as plain values (a JSON line): the prompt
+  text the model read, its reply, the actions the environment executed
+  (by name; ``"answer"`` when an environment took a text answer), the
+  turn's reward (format penalty included) and whether the answer was
+  well-formed and valid."""
+  action_names = action_names or ("answer",)
+  tokens = np.asarray(traj.tokens[episode])
+  turn_ids = np.asarray(traj.turn_ids[episode])
+  generated = np.asarray(traj.loss_mask[episode])
+  n = int(traj.length[episode])
+  tokens, turn_ids, generated = tokens[:n], turn_ids[:n], generated[:n]
+  turns = []
+  for k in range(int(np.sum(traj.turn_played[episode]))):
+    here = turn_ids == k
+    actions = np.asarray(traj.turn_actions[episode, k])
+    turns.append(
+      {
+        "turn": k + 1,
+        "prompt": tokenizer.decode(tokens[here & ~generated]),
+        "reply": tokenizer.decode(tokens[here & generated]),
+        "actions": [action_names[a] for a in actions if a >= 0],
+        "reward": float(traj.turn_rewards[episode, k]),
+        "format_ok": bool(traj.turn_format_ok[episode, k]),
+        "valid": bool(traj.turn_valid[episode, k]),
+        "effective": bool(traj.turn_effective[episode, k]),
+      }
+    )
+  return {
+    "episode": episode,
+    "system": tokenizer.decode(tokens[turn_ids < 0]),
+    "turns": turns,
+    "return": float(traj.episode_return[episode]),
+    "success": bool(traj.success[episode]),
+    "num_actions": int(traj.num_actions[episode]),
+  }
+
+
+def transcript(record: dict[str, Any]) -> str:
+  """An ``episode_record`` as the model saw it, with each turn's executed
+  actions and reward on a line of its own in brackets."""
+  out = [record["system"]]
+  for t in record["turns"]:
+    actions = ", ".join(t["actions"]) or "none"
+    out.append(
+      f"{t['prompt']}{t['reply']}\n[turn {t['turn']}: actions {actions}; "
+      f"reward {t['reward']:+.2f}]\n"
+    )
+  status = "success" if record["success"] else "no success"
+  out.append(f"[episode return {record['return']:+.2f}, {status}]")
+  return "".join(out)
+
+
+# Training step n draws from fold_in(key(seed), n) (the RL step and the warm
+# start alike); evaluation from the last child, which no step reaches. (It was
+# split(key(seed))[1], which is fold_in(key(seed), 1): the warm start's
+# second step played the first held-out levels.)
+HELD_OUT_CHILD = 2**32 - 1
+
+
+def held_out_key(seed: int) -> jax.Array:
+  """The key of the evaluation levels (never a training step's key)."""
+  return jax.random.fold_in(jax.random.key(seed), HELD_OUT_CHILD)
+
+
+class Evaluator:
+  """Jitted held-out rollouts for each evaluation environment and
+  temperature; ``evaluator(params) -> (metrics, transcripts)``.
+
+  ``episodes`` levels, each played ``samples`` times (pass@samples). Metrics
+  are named ``{env}/{stat}`` at the first temperature and
+  ``{env}/{stat}@t{T}`` at the others; success comes with its 95% Wilson
+  interval (``success_lo``, ``success_hi``), and ``{env}/random_success``
+  is a random valid player on the same levels.
+  """
+
+  def __init__(
+    self,
+    *,
+    envs: dict[str, Env],
+    codecs: dict[str, Any],
+    rollout_cfg: rollout_lib.RolloutConfig,
+    policy_def: Any,
+    episodes: int,
+    temperatures: tuple[float, ...],
+    seed: int,
+    tokenizer: Tokenizer,
+    transcripts: bool,
+    mesh: Any = None,
+    samples: int = 1,
+  ) -> None:
+    self.temperatures = tuple(float(t) for t in temperatures)
+    self.tokenizer, self.transcripts = tokenizer, transcripts
+    self.samples = samples
+    self.action_names = {n: e.spec.action_names for n, e in envs.items()}
+    base = dataclasses.replace(
+      rollout_cfg, env_groups=episodes, group_size=samples
+    )
+    everywhere = sharding.replicated(mesh)
+    self.runs = {}
+    for name, env in envs.items():
+      for t in self.temperatures:
+        cfg = dataclasses.replace(base, temperature=t)
+        # Replicated outputs: every host can read the summary and transcript.
+        play = lambda params, codec, key, env=env, cfg=cfg: rollout_lib.rollout(
+          nnx.merge(policy_def, params), codec, env, cfg, key
+        )
+        self.runs[(name, t)] = jax.jit(
+          sharding.traced_for(mesh, play), out_shardings=everywhere
+        )
+    key = held_out_key(seed)
+    self.key = jax.random.wrap_key_data(
+      sharding.replicate(jax.random.key_data(key), mesh)
+    )
+    self.codecs = {n: sharding.replicate(c, mesh) for n, c in codecs.items()}
+    self.random = {}
+    for name, env in envs.items():
+      states = rollout_lib.reset(env, base, rollout_lib.reset_key(key))
+      wins = jax.jit(random_valid_success, static_argnums=(0, 2))(
+        env, states, base.max_actions_per_traj, jax.random.fold_in(key, 1)
+      )
+      self.random[name] = _rate(np.asarray(sharding.local_value(wins)))
+
+  def trajectories(
+    self, params: Any, report: Callable[[str], None] | None = None
+  ) -> dict[tuple[str, float], Any]:
+    """The held-out episodes (host arrays) per environment and
+    temperature; ``report``, if given, receives a line as each is done."""
+    out = {}
+    for i, ((name, t), run) in enumerate(self.runs.items()):
+      t0 = time.perf_counter()
+      out[(name, t)] = jax.tree.map(
+        lambda x: np.asarray(sharding.local_value(x)),
+        run(params, self.codecs[name], self.key),
+      )
+      if report is not None:
+        seconds = time.perf_counter() - t0
+        report(
+          f"  [{i + 1}/{len(self.runs)}] {name} at t={t:g}: "
+          f"{100 * float(np.mean(out[(name, t)].success)):.1f}% "
+          f"({seconds:.0f} s)"
+        )
+    return out
+
+  def stats(self, traj: Any) -> dict[str, float]:
+    """Episode statistics and success with its interval."""
+    out = {
+      k: float(v)
+      for k, v in diagnostics.summary(traj, self.samples).items()
+      if self.samples > 1 or not k.startswith("pass@")
+    }
+    out.update(_rate(np.asarray(traj.success)))
+    return out
+
+  def __call__(
+    self, params: Any, report: Callable[[str], None] | None = None
+  ) -> tuple[dict[str, float], dict[str, str]]:
+    metrics, transcripts = {}, {}
+    for (name, t), traj in self.trajectories(params, report).items():
+      suffix = "" if t == self.temperatures[0] else f"@t{t:g}"
+      for k, v in self.stats(traj).items():
+        metrics[f"{name}/{k}{suffix}"] = v
+      if self.transcripts:
+        record = episode_record(
+          traj, self.tokenizer, self.action_names[name], 0
+        )
+        transcripts[f"{name}_t{t:g}"] = transcript(record)
+    for name, stats in self.random.items():
+      for k, v in stats.items():
+        metrics[f"{name}/random_{k}"] = v
+    return metrics, transcripts
+
+
+def _rate(success: np.ndarray) -> dict[str, float]:
+  wins, n = int(np.sum(success)), int(success.size)
+  lo, hi = wilson_interval(wins, n)
+  return {"success": wins / max(n, 1), "success_lo": lo, "success_hi": hi}
+
+
+def _label(t: float) -> str:
+  return "greedy" if t == 0 else f"t{t:g}"
+
+
+def evaluate_checkpoint(
+  config: Any,
+  source: str,
+  *,
+  step: int | None = None,
+  out: str | None = None,
+  episodes: int | None = None,
+  samples: int = 1,
+  temperatures: tuple[float, ...] | None = None,
+  transcripts: int = 8,
+) -> dict[str, Any]:
+  """Evaluates the policy of ``source``'s checkpoint at ``step`` (default:
+  the latest) under ``config`` and writes the summary and transcripts to
+  ``out`` (default ``source/eval/step{N}``). Episode and temperature
+  defaults are the config's ``train.eval_episodes`` and
+  ``train.eval_temperatures``. Returns the summary.
+
+  Raises:
+    assembly.ConfigError: a bad setting, no checkpoint, or one that does not
+      fit the config's model.
+  """
+
+  if samples < 1:
+    raise assembly.ConfigError(f"samples must be >= 1, got {samples}")
+  t = config.train
+  episodes = t.eval_episodes if episodes is None else episodes
+  if episodes < 1:
+    raise assembly.ConfigError(f"episodes must be >= 1, got {episodes}")
+  temperatures = tuple(
+    t.eval_temperatures if temperatures is None else temperatures
+  )
+  setup = assembly.build(config)
+  learner = assembly.make_learner(setup)
+  step, params = assembly.load_policy(setup, source, step, what="checkpoint")
+  evaluator = make_evaluator(
+    setup,
+    learner,
+    episodes=episodes,
+    temperatures=temperatures,
+    transcripts=True,
+    samples=samples,
+  )
+  out = out or os.path.join(source, "eval", f"step{step}")
+  os.makedirs(out, exist_ok=True)
+  summary: dict[str, Any] = {
+    "source": os.path.abspath(source),
+    "step": step,
+    "levels": episodes,
+    "samples": samples,
+    "seed": config.seed,
+    "envs": {},
+  }
+  for (name, temp), traj in evaluator.trajectories(params).items():
+    entry = summary["envs"].setdefault(
+      name, {"random_valid": evaluator.random[name]}
+    )
+    entry[_label(temp)] = evaluator.stats(traj)
+    names = evaluator.action_names[name]
+    records = [
+      episode_record(traj, setup.tokenizer, names, i)
+      for i in range(traj.success.shape[0])
+    ]
+    stem = os.path.join(out, f"{name}_{_label(temp)}")
+    with open(stem + ".jsonl", "w") as f:
+      for r in records:
+        f.write(json.dumps(r) + "\n")
+    with open(stem + ".txt", "w") as f:
+      f.write("\n\n".join(transcript(r) for r in records[:transcripts]))
+  with open(os.path.join(out, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=1)
+  return {**summary, "out": out}
+
+
+def make_evaluator(
+  setup: assembly.Setup,
+  learner: Learner,
+  *,
+  episodes: int | None = None,
+  temperatures: tuple[float, ...] | None = None,
+  transcripts: bool | None = None,
+  samples: int = 1,
+) -> Evaluator:
+  """Held-out evaluation as the config asks for it; the keywords override
+  the config's ``train.eval_episodes``, ``eval_temperatures`` and
+  ``transcripts``."""
+  t = setup.config.train
+  pick = lambda value, default: default if value is None else value
+  return Evaluator(
+    envs=setup.eval_envs,
+    codecs=setup.eval_codecs,
+    rollout_cfg=setup.rollout_cfg,
+    policy_def=learner.policy_def,
+    episodes=pick(episodes, t.eval_episodes),
+    temperatures=tuple(pick(temperatures, t.eval_temperatures)),
+    seed=setup.config.seed,
+    tokenizer=setup.tokenizer,
+    transcripts=pick(transcripts, t.transcripts),
+    mesh=setup.mesh,
+    samples=samples,
+  )
