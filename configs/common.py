@@ -10,17 +10,12 @@ types are rejected by name).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import ml_collections
 
-from starpo_jax.agent.rollout import RolloutConfig
-from starpo_jax.algo.config import AlgoConfig
-from starpo_jax.algo.diagnostics import DiagnosticsConfig
-from starpo_jax.algo.filtering import FilterConfig
-from starpo_jax.algo.sft import SftConfig
-from starpo_jax.run.stopping import StopConfig
+from starpo_jax import settings
+from starpo_jax.run import sections
 
 # --config=FILE:key=value,... keys and their defaults.
 ARG_DEFAULTS = {"model": "tiny", "ckpt": "", "algo": "starpo_s"}
@@ -51,99 +46,18 @@ def parse_arg(arg: str | None, **defaults: Any) -> dict[str, Any]:
 
 
 def _section(cls) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dataclasses.asdict(cls()))
+  return ml_collections.ConfigDict(settings.defaults(cls))
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """Every setting with its default (RAGEN's where it has one)."""
+  """Every setting with its default (RAGEN's where it has one), taken from
+  the dataclass of its section (``starpo_jax/run/sections.py`` names them;
+  each documents its settings): one place per default."""
   c = ml_collections.ConfigDict()
   c.seed = 0
-
-  c.env = ml_collections.ConfigDict()
-  c.env.name = "sokoban"
-  c.env.kwargs = ml_collections.ConfigDict()  # passed to envs.make
-  # Validation may use other settings (the bandit's held-out arm names).
-  c.env.eval_kwargs = ml_collections.ConfigDict()
-
-  c.model = ml_collections.ConfigDict()
-  c.model.preset = "tiny"
-  c.model.ckpt = ""  # a Hugging Face directory; empty: random init
-  c.model.tokenizer = ""  # a tokenizer.json directory; empty: see README
-  c.model.dtype = "float32"
-  c.model.param_dtype = "float32"
-  # What the backward pass recomputes instead of storing: "none", "dots"
-  # (keep matmul outputs) or "full" (keep only each layer's input).
-  c.model.remat = "none"
-  # The training attention kernel: "auto" (the platform's fused one),
-  # "blockwise", "cudnn" (GPU, bfloat16), "splash" (TPU) or "xla".
-  c.model.attention = "auto"
-  # LoRA (starpo_jax/models/lora.py): rank > 0 trains only low-rank
-  # adapters on each layer's projections, the weights frozen (and the
-  # reference policy: adapters off); `targets` is a regular expression over
-  # a layer's modules, "attn" (q, k, v, o) and "mlp" (gate, up, down). The
-  # critic, where used: "adapters" (its own adapters and value head on the
-  # policy's frozen weights: no second model, nor its optimizer moments)
-  # or "full" (a whole model of its own, trained whole).
-  c.model.lora = ml_collections.ConfigDict()
-  c.model.lora.rank = 0
-  c.model.lora.alpha = 16.0
-  c.model.lora.targets = "attn|mlp"
-  c.model.lora.critic = "adapters"
-  # QLoRA: the targeted weights stored as "int8", "int4" or "nf4" (qwix),
-  # in tiles of tile_size along the contracted axis (0: per channel).
-  c.model.lora.quantize = ""
-  c.model.lora.tile_size = 0
-  # The tiny model's shape, when model.preset is "tiny".
-  c.model.hidden_size = 128
-  c.model.num_layers = 2
-  c.model.num_heads = 4
-  c.model.num_kv_heads = 2
-  c.model.head_dim = 32
-  c.model.intermediate_size = 384
-
-  # The typed sections take their defaults from the dataclasses that
-  # read them: one place per default.
-  c.rollout = _section(RolloutConfig)
-  c.algo = _section(AlgoConfig)
-  c.filter = _section(FilterConfig)
-  c.sft = _section(SftConfig)
-  # RAGEN-2's collapse diagnostics (mutual information between prompts and
-  # replies, prompt retrieval) every `collapse_every` steps; 0: never.
-  c.diagnostics = _section(DiagnosticsConfig)
-
-  c.optim = ml_collections.ConfigDict()
-  c.optim.lr = 1e-6
-  c.optim.critic_lr = 1e-5
-  c.optim.b1 = 0.9
-  c.optim.b2 = 0.999
-  c.optim.weight_decay = 0.01
-  c.optim.grad_clip = 1.0
-  c.optim.warmup_steps = 0
-
-  c.train = ml_collections.ConfigDict()
-  c.train.steps = 200
-  c.train.log_every = 1
-  c.train.eval_every = 10  # <= 0: no evaluation
-  # Held-out episodes per evaluation (RAGEN validates on 512); the 95%
-  # interval of a success rate near 50% is then about +-4 points.
-  c.train.eval_episodes = 512
-  c.train.eval_temperatures = (0.5, 0.0)  # RAGEN's 0.5, and greedy
-  c.train.checkpoint_every = 20
-  c.train.keep_checkpoints = 3
-  c.train.max_nonfinite_steps = 3
-  c.train.transcripts = True
-  # Start from the policy of another run's latest checkpoint (its workdir),
-  # e.g. a warm start, instead of a fresh model; ignored when resuming.
-  c.train.init_from = ""
-  # "START:STOP": a jax.profiler trace of those steps (as logged, STOP
-  # excluded) in workdir/profile; empty: none.
-  c.train.profile = ""
-  # Early stopping rules (stopping.py), off by default:
-  # --config.train.early_stop.enabled=True turns on all three.
-  c.train.early_stop = _section(StopConfig)
-
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 fills the rest
+  for name, cls in sections.SECTIONS.items():
+    c[name] = _section(cls)
+  # Which mesh axis shards each logical axis of the parameters.
   c.logical_axis_rules = (
     ("layers", None),
     ("vocab", "tensor"),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,7 @@ from flax import struct
 
 import envs
 from envs import Env
+from starpo_jax import settings
 from starpo_jax.agent.codec import Codec, PromptSettings
 from starpo_jax.models import sampling
 
@@ -49,12 +50,13 @@ class RolloutConfig:
   format_penalty: float = -0.1
   enable_think: bool = True
   answer_vocab: bool = False
-  prompt: str = "ragen"  # or "compact" (text.PromptSettings)
+  prompt: Literal["ragen", "compact"] = "ragen"  # codec.PromptSettings
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
 
   def __post_init__(self) -> None:
+    settings.check(self, "rollout")
     for name in (
       "env_groups",
       "group_size",

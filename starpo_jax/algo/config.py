@@ -5,7 +5,9 @@ KL, minibatches, micro-batches, length buckets.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
+from starpo_jax import settings
 from starpo_jax.algo import advantages as adv_lib
 from starpo_jax.algo import losses
 
@@ -14,7 +16,14 @@ from starpo_jax.algo import losses
 class AlgoConfig:
   """The update rule (RAGEN / verl defaults where they have them)."""
 
-  adv_estimator: str = "gae"
+  adv_estimator: Literal[
+    "gae",
+    "bi_level_gae",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+  ] = "gae"
   gamma: float = 1.0
   lam: float = 1.0
   turn_gamma: float = 0.95  # bi-level GAE's turn-level discount
@@ -24,9 +33,9 @@ class AlgoConfig:
   clip_high: float = 0.28
   dual_clip: float = 3.0
   entropy_coef: float = 0.001
-  loss_agg: str = "token-mean"
+  loss_agg: losses.Aggregation = "token-mean"
   kl_coef: float = 0.0
-  kl_estimator: str = "k3"
+  kl_estimator: losses.KlEstimator = "k3"
   kl_in_reward: bool = False
   value_clip: float = 0.5
   epochs: int = 1
@@ -43,15 +52,7 @@ class AlgoConfig:
   length_buckets: int = 4
 
   def __post_init__(self) -> None:
-    for name, known in (
-      ("adv_estimator", tuple(adv_lib.ESTIMATORS)),
-      ("loss_agg", losses.AGGREGATIONS),
-      ("kl_estimator", losses.KL_ESTIMATORS),
-    ):
-      if getattr(self, name) not in known:
-        raise ValueError(
-          f"algo: {name}={getattr(self, name)!r}; expected one of {known}"
-        )
+    settings.check(self, "algo")
     for name in ("epochs", "minibatches", "logits_chunk", "length_buckets"):
       if getattr(self, name) < 1:
         raise ValueError(f"algo: {name} must be >= 1")

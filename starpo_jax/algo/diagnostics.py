@@ -41,6 +41,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from starpo_jax import settings
 from starpo_jax.agent.rollout import Trajectory
 from starpo_jax.algo import advantages as adv_lib
 from starpo_jax.algo import filtering, losses
@@ -87,6 +88,7 @@ class DiagnosticsConfig:
   buckets: int = 3
 
   def __post_init__(self) -> None:
+    settings.check(self, "diagnostics")
     for name in ("collapse_every", "gradients_every"):
       if getattr(self, name) < 0:
         raise ValueError(

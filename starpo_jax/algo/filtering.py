@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
+from starpo_jax import settings
 from starpo_jax.algo.advantages import group_std
 
-METRICS = ("reward_std", "reward_mean", "reward_sum", "entropy", "length")
-STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p")
-TOP_P_MODES = ("linear", "softmax")
-LOSS_SCALINGS = ("none", "linear", "sqrt")
+Metric = Literal["reward_std", "reward_mean", "reward_sum", "entropy", "length"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,27 +38,18 @@ class FilterConfig:
   preferred first, and counted (``filter/over_capacity``).
   """
 
-  metric: str = "reward_std"
-  strategy: str = "top_p"
+  metric: Metric = "reward_std"
+  strategy: Literal["top_p", "top_k", "top_k_abs", "min_p"] = "top_p"
   value: float = 1.0
   largest: bool = True
   include_zero: bool = True
-  top_p_mode: str = "linear"
+  top_p_mode: Literal["linear", "softmax"] = "linear"
   selection_eps: float = 0.01
-  loss_scaling: str = "none"
+  loss_scaling: Literal["none", "linear", "sqrt"] = "none"
   capacity: int = 0
 
   def __post_init__(self) -> None:
-    for name, known in (
-      ("metric", METRICS),
-      ("strategy", STRATEGIES),
-      ("top_p_mode", TOP_P_MODES),
-      ("loss_scaling", LOSS_SCALINGS),
-    ):
-      if getattr(self, name) not in known:
-        raise ValueError(
-          f"filter: {name}={getattr(self, name)!r}; expected one of {known}"
-        )
+    settings.check(self, "filter")
     if self.value < 0:
       raise ValueError(f"filter: value={self.value} must be >= 0")
     if self.capacity < 0:

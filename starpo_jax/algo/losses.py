@@ -6,13 +6,17 @@ verl (which RAGEN builds on), so that results compare.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import jax
 import jax.numpy as jnp
 
 from starpo_jax.models import sampling
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+AGGREGATIONS = get_args(Aggregation)
+KlEstimator = Literal["k1", "k2", "k3"]
+KL_ESTIMATORS = get_args(KlEstimator)
 
 
 def aggregate(loss: jax.Array, mask: jax.Array, mode: str) -> jax.Array:

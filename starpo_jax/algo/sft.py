@@ -18,7 +18,7 @@ follow from the policy they leave, with a fresh optimizer state.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,7 @@ import optax
 from flax import nnx, struct
 
 from envs import Env, planning
-from starpo_jax import sharding
+from starpo_jax import settings, sharding
 from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.agent.codec import Codec
 from starpo_jax.agent.parse import ANSWER_CLOSE
@@ -38,7 +38,7 @@ from starpo_jax.algo.state import TrainState
 from starpo_jax.algo.update import apply_gradients
 from starpo_jax.models.tokenizer import Tokenizer
 
-EXPERTS = ("planner", "random_valid")
+Expert = Literal["planner", "random_valid"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,19 +63,16 @@ class SftConfig:
   # random valid actions, which teach the answer format and what is valid
   # in a state (the bandit's two offered arm names) but nothing of what is
   # good, leaving that to RL.
-  expert: str = "planner"
+  expert: Expert = "planner"
 
   def __post_init__(self) -> None:
+    settings.check(self, "sft")
     for name in ("steps", "warmup_steps"):
       if getattr(self, name) < 0:
         raise ValueError(f"sft: {name} must be >= 0")
     for name in ("episodes", "max_turns"):
       if getattr(self, name) < 1:
         raise ValueError(f"sft: {name} must be >= 1")
-    if self.expert not in EXPERTS:
-      raise ValueError(
-        f"sft: expert={self.expert!r}; expected one of {EXPERTS}"
-      )
     if self.lr <= 0:
       raise ValueError(f"sft: lr={self.lr} must be positive")
 

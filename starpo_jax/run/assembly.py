@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 
 import envs
-from starpo_jax import sharding
+from starpo_jax import settings, sharding
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
 from starpo_jax.algo import diagnostics, filtering, sft
@@ -34,8 +34,7 @@ from starpo_jax.algo.state import CRITIC_OWN, Learner, TrainState, trainable
 from starpo_jax.algo.step import make_step
 from starpo_jax.models import hf, lora, transformer
 from starpo_jax.models import tokenizer as tokenizer_lib
-from starpo_jax.run import checkpoint, stopping
-from starpo_jax.run import metrics as metrics_lib
+from starpo_jax.run import checkpoint, sections, stopping
 
 # The run's config, as JSON, in its workdir.
 CONFIG_FILE = "config.json"
@@ -74,29 +73,29 @@ class Setup:
   mesh: Any
 
 
-def _dataclass_from(cls, section: ml_collections.ConfigDict, name: str):
-  """``cls(**section)``; a key without a field, or a bad value, raises
-  ``ConfigError`` naming it."""
-  fields = {f.name for f in dataclasses.fields(cls)}
-  values = dict(section)
-  unknown = sorted(set(values) - fields)
+def check_sections(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Every section of ``config`` as its dataclass (``run/sections.py``),
+  which checks its settings' types, choices and ranges; the first bad one
+  raises ``ConfigError`` naming it."""
+  known = {*sections.SECTIONS, "seed", "logical_axis_rules"}
+  unknown = sorted(set(config) - known)
   if unknown:
     raise ConfigError(
-      f"config.{name}: unknown settings {unknown}; known: {sorted(fields)}"
+      f"config: unknown sections {unknown}; known: {sorted(known)}"
     )
-  try:
-    return cls(**values)
-  except (TypeError, ValueError) as e:
-    raise ConfigError(f"config.{name}: {e}") from None
+  if not isinstance(config.seed, int):
+    raise ConfigError(f"config.seed={config.seed!r}; expected an integer")
+  out = {}
+  for name, cls in sections.SECTIONS.items():
+    try:
+      out[name] = settings.from_mapping(cls, config[name], name)
+    except ValueError as e:
+      raise ConfigError(f"config.{e}") from None
+  return out
 
 
-def _check_lora(config, model_cfg, sft_cfg) -> None:
+def _check_lora(model_cfg, sft_cfg) -> None:
   """Raises ConfigError for LoRA settings the trainer cannot run."""
-  if config.model.lora.critic not in ("adapters", "full"):
-    raise ConfigError(
-      f"config.model.lora.critic={config.model.lora.critic!r}; expected "
-      "'adapters' or 'full'"
-    )
   if model_cfg.lora is not None and sft_cfg.steps:
     raise ConfigError(
       "config.model.lora: the warm start (config.sft.steps) trains the "
@@ -116,37 +115,25 @@ def build(
   or tokenizer gets the compact tokenizer: token ids change, shapes do not.
   ``devices`` (default: all) make the mesh.
   """
-  env, eval_envs = _environments(config.env)
-  rollout_cfg = _dataclass_from(
-    rollout.RolloutConfig, config.rollout, "rollout"
-  )
-  algo = _dataclass_from(AlgoConfig, config.algo, "algo")
-  filter_cfg = _dataclass_from(filtering.FilterConfig, config.filter, "filter")
-  sft_cfg = _dataclass_from(sft.SftConfig, config.sft, "sft")
-  stop_cfg = _dataclass_from(
-    stopping.StopConfig, config.train.early_stop, "train.early_stop"
-  )
-  diag_cfg = _dataclass_from(
-    diagnostics.DiagnosticsConfig, config.diagnostics, "diagnostics"
-  )
-  try:
-    metrics_lib.profile_range(config.train.get("profile", ""))
-  except ValueError as e:
-    raise ConfigError(f"config.{e}") from None
+  typed = check_sections(config)
+  env, eval_envs = _environments(typed["env"])
+  rollout_cfg, algo = typed["rollout"], typed["algo"]
+  filter_cfg, sft_cfg = typed["filter"], typed["sft"]
+  stop_cfg, diag_cfg = typed["train"].early_stop, typed["diagnostics"]
   if rollout_cfg.batch % algo.minibatches:
     raise ConfigError(
       f"config.algo.minibatches={algo.minibatches} must divide the "
       f"{rollout_cfg.batch} episodes (rollout.env_groups x rollout.group_size)"
     )
-  settings = rollout_cfg.prompt_settings()
+  prompt = rollout_cfg.prompt_settings()
   tok = _tokenizer(
-    config.model, [env, *eval_envs.values()], settings, shapes_only
+    typed["model"], [env, *eval_envs.values()], prompt, shapes_only
   )
-  model_cfg = _model_config(config.model, tok)
-  _check_lora(config, model_cfg, sft_cfg)
-  codec = codec_lib.Codec.build(tok, env.spec, settings, model_cfg.vocab_size)
+  model_cfg = _model_config(typed["model"], tok)
+  _check_lora(model_cfg, sft_cfg)
+  codec = codec_lib.Codec.build(tok, env.spec, prompt, model_cfg.vocab_size)
   eval_codecs = {
-    name: codec_lib.Codec.build(tok, e.spec, settings, model_cfg.vocab_size)
+    name: codec_lib.Codec.build(tok, e.spec, prompt, model_cfg.vocab_size)
     for name, e in eval_envs.items()
   }
   try:
@@ -181,7 +168,7 @@ def build(
   )
 
 
-def _environments(c: ml_collections.ConfigDict) -> tuple[Any, dict[str, Any]]:
+def _environments(c: sections.EnvConfig) -> tuple[Any, dict[str, Any]]:
   """The training environment and the evaluation ones by name: ``eval``
   with ``env.eval_kwargs`` applied and, when those change anything, the
   training environment again as ``eval_train_env``."""
@@ -196,24 +183,20 @@ def _environments(c: ml_collections.ConfigDict) -> tuple[Any, dict[str, Any]]:
 
 
 def _tokenizer(
-  m: ml_collections.ConfigDict,
+  m: sections.ModelSettings,
   all_envs: list[Any],
-  settings: codec_lib.PromptSettings,
+  prompt: codec_lib.PromptSettings,
   shapes_only: bool,
 ) -> tokenizer_lib.Tokenizer:
   """The checkpoint's (or ``model.tokenizer``'s) tokenizer; for the tiny
   model (or a compile check) the compact one over the prompts' pieces."""
-  if m.preset not in transformer.PRESETS:
-    raise ConfigError(
-      f"config.model.preset={m.preset!r}; known: {sorted(transformer.PRESETS)}"
-    )
   tok_path = m.tokenizer or m.ckpt
   if tok_path:
     return tokenizer_lib.Tokenizer.load(tok_path)
   if m.preset == "tiny" or shapes_only:
     pieces = []
     for e in all_envs:
-      pieces += codec_lib.prompt_pieces(e.spec, settings)
+      pieces += codec_lib.prompt_pieces(e.spec, prompt)
     return tokenizer_lib.build_compact(pieces)
   raise ConfigError(
     f"config.model: preset {m.preset!r} needs model.ckpt or model.tokenizer"
@@ -221,7 +204,7 @@ def _tokenizer(
 
 
 def _model_config(
-  m: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer
+  m: sections.ModelSettings, tok: tokenizer_lib.Tokenizer
 ) -> transformer.ModelConfig:
   """The checkpoint's architecture, the tiny shape of ``config.model``, or
   a preset's, with the run's dtypes, remat and attention kernel."""
@@ -666,7 +649,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, CONFIG_FILE)
   try:
     with open(path) as f:
-      return ml_collections.ConfigDict(json.load(f))
+      saved = json.load(f)
   except FileNotFoundError:
     raise ConfigError(
       f"{path!r} does not exist: is {workdir!r} a run directory? (pass "
@@ -674,6 +657,20 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     ) from None
   except json.JSONDecodeError as e:
     raise ConfigError(f"{path!r} is not valid JSON: {e}") from None
+  # A run saved before a setting existed gets its default (every new
+  # setting's default is the behaviour before it).
+  defaults = {n: settings.defaults(c) for n, c in sections.SECTIONS.items()}
+  return ml_collections.ConfigDict(_merged(defaults, saved))
+
+
+def _merged(defaults: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+  """``saved`` over ``defaults``, nested mappings merged key by key."""
+  out = dict(defaults)
+  for key, value in saved.items():
+    if isinstance(value, dict) and isinstance(defaults.get(key), dict):
+      value = _merged(defaults[key], value)
+    out[key] = value
+  return out
 
 
 def final_params(workdir: str, config: ml_collections.ConfigDict) -> Any:

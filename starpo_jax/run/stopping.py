@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from starpo_jax import settings
+
 # The per-step metrics the rules read (diagnostics.step_metrics).
 REWARD_STD = "rollout/in_group_reward_std"
 RELATIVE_STD = "rollout/in_group_reward_std_vs_early"
@@ -45,6 +47,7 @@ class StopConfig:
   empty_patience: int = 5
 
   def __post_init__(self) -> None:
+    settings.check(self, "train.early_stop")
     for name in (
       "baseline_steps",
       "reward_std_patience",

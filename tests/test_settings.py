@@ -1,0 +1,124 @@
+"""The typed config: every section is a dataclass whose annotations say
+what each setting may be, checked one way (``starpo_jax/settings.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from typing import Literal, get_args, get_origin, get_type_hints
+
+import pytest
+
+from configs import common, sokoban
+from starpo_jax import settings
+from starpo_jax.agent import codec
+from starpo_jax.algo import advantages
+from starpo_jax.models import attention, lora, transformer
+from starpo_jax.run import assembly, sections
+
+
+def fields():
+  """(section name, class, field, annotation) for every setting, nested
+  sections included."""
+
+  def walk(name, cls):
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+      hint = hints[f.name]
+      if dataclasses.is_dataclass(hint):
+        yield from walk(f"{name}.{f.name}", hint)
+      yield name, cls, f.name, hint
+
+  for name, cls in sections.SECTIONS.items():
+    yield from walk(name, cls)
+
+
+def bad_value(hint):
+  """A value the annotation does not allow."""
+  if get_origin(hint) is Literal:
+    return "no-such-choice"
+  if hint is bool:
+    return "yes"
+  if hint in (int, float):
+    return "many"
+  return 3  # str, tuple, dict, a section
+
+
+@pytest.mark.parametrize(
+  "section, cls, name, hint",
+  list(fields()),
+  ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_every_setting_refuses_a_value_of_the_wrong_type_or_choice(
+  section, cls, name, hint
+):
+  with pytest.raises(ValueError, match=f"^{section}: {name}="):
+    settings.from_mapping(cls, {name: bad_value(hint)}, section)
+
+
+def test_every_setting_has_a_default_the_section_accepts():
+  c = common.base_config()
+  typed = assembly.check_sections(c)
+  assert set(typed) == set(sections.SECTIONS)
+  for name, cls in sections.SECTIONS.items():
+    assert typed[name] == cls()
+
+
+def test_unknown_settings_and_sections_are_named():
+  with pytest.raises(ValueError, match=r"algo: unknown settings \['lr'\]"):
+    settings.from_mapping(sections.SECTIONS["algo"], {"lr": 1.0}, "algo")
+  with pytest.raises(ValueError, match=r"train.early_stop: unknown settings"):
+    settings.from_mapping(
+      sections.TrainConfig, {"early_stop": {"patience": 3}}, "train"
+    )
+  c = sokoban.get_config(None)
+  c.optimizer = {"lr": 1.0}
+  with pytest.raises(assembly.ConfigError, match="unknown sections"):
+    assembly.check_sections(c)
+
+
+def test_a_float_setting_takes_an_int_and_a_tuple_a_json_list():
+  got = settings.from_mapping(
+    sections.TrainConfig, {"eval_temperatures": [1, 0.5]}, "train"
+  )
+  assert got.eval_temperatures == (1, 0.5)
+  with pytest.raises(ValueError, match="a tuple of float"):
+    settings.from_mapping(
+      sections.TrainConfig, {"eval_temperatures": [1, "x"]}, "train"
+    )
+
+
+def choices(cls, name):
+  return set(get_args(get_type_hints(cls)[name]))
+
+
+def test_the_choices_are_what_the_code_implements():
+  algo = sections.SECTIONS["algo"]
+  assert choices(algo, "adv_estimator") == set(advantages.ESTIMATORS)
+  model = sections.ModelSettings
+  assert choices(model, "preset") == set(transformer.PRESETS)
+  assert choices(model, "attention") == set(attention.IMPLEMENTATIONS)
+  assert choices(model, "dtype") == set(transformer.DTYPES)
+  assert choices(model, "remat") == set(transformer.REMAT_POLICIES)
+  assert choices(sections.LoraSettings, "quantize") == {"", *lora.QTYPES}
+  rollout = sections.SECTIONS["rollout"]
+  assert choices(rollout, "prompt") == set(codec.PROMPT_STYLES)
+
+
+def test_no_section_leaves_a_setting_untyped():
+  for section, _, name, hint in fields():
+    assert hint is not typing.Any, f"{section}.{name}"
+
+
+def test_a_run_saved_before_a_setting_existed_loads_with_its_default(
+  tmp_path,
+):
+  c = sokoban.get_config(None).to_dict()
+  del c["model"]["lora"], c["train"]["profile"], c["algo"]["length_buckets"]
+  (tmp_path / assembly.CONFIG_FILE).write_text(json.dumps(c))
+  loaded = assembly.load_config(str(tmp_path))
+  assert loaded.model.lora.rank == 0 and loaded.train.profile == ""
+  assert loaded.algo.length_buckets == 4
+  assert loaded.rollout.max_context == 320  # what it saved stays
+  assembly.check_sections(loaded)
