@@ -54,6 +54,7 @@ def test_benchmarks_import_nothing_from_tests():
 # modules at the top (``python -m starpo_jax.main``) only run ``cli``.
 LAYERS = {
   "starpo_jax.sharding": 0,
+  "starpo_jax.settings": 0,
   "starpo_jax.models": 1,
   "starpo_jax.agent": 2,
   "starpo_jax.algo": 3,
