@@ -11,9 +11,15 @@ import sys
 import pytest
 
 
-def compile_check(*args: str) -> subprocess.CompletedProcess:
+def compile_check(
+  *args: str, quick: bool = False
+) -> subprocess.CompletedProcess:
+  """``python -m starpo_jax.compile_check ARGS``; ``quick``: a compile for
+  the CPU with the tests' quick LLVM settings (tests/conftest.py; memory
+  and FLOP counts come before code generation), else XLA's own."""
   env = dict(os.environ, PYTHONPATH=os.getcwd(), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  if not quick:
+    env.pop("XLA_FLAGS", None)
   return subprocess.run(
     [sys.executable, "-m", "starpo_jax.compile_check", *args],
     env=env,
@@ -35,6 +41,7 @@ def test_memory_falls_with_fsdp(tmp_path):
     "--mesh=1,1,1",
     "--mesh=1,4,1",
     f"--json={report}",
+    quick=True,
   )
   assert out.returncode == 0, out.stderr[-4000:]
   one, four = json.loads(report.read_text())

@@ -159,7 +159,7 @@ def test_a_full_critic_is_a_whole_model_trained_whole():
   assert not any("_lora_" in k for k in critic)
   assert names(state.policy.filter(lora.WEIGHTS)) < critic
   c.model.lora.critic = "lora"
-  with pytest.raises(assembly.ConfigError, match=r"lora\.critic='lora'"):
+  with pytest.raises(assembly.ConfigError, match=r"model\.lora: critic='lora'"):
     assembly.build(c)
 
 

@@ -139,8 +139,8 @@ def codec_for(tok_name: str, env_name: str, think: bool) -> codec_lib.Codec:
 @pytest.mark.parametrize(
   "tok_name, env_name, think, count",
   [
-    ("compact", "sokoban", True, 10_000),
-    ("bpe", "sokoban", True, 10_000),
+    ("compact", "sokoban", True, 4_000),
+    ("bpe", "sokoban", True, 4_000),
     ("compact", "bandit", False, 2_000),
   ],
 )
