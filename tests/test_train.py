@@ -192,10 +192,18 @@ def test_killed_and_preempted_runs_resume_to_the_same_parameters_and_metrics(
   # What the run will do comes first, before anything compiles.
   assert first[0].startswith("bandit: 12 RL steps of 8 episodes"), first
   assert first[1].startswith("algorithm: grpo advantages"), first
+  # The settings the config changed, by name; then where it writes, and
+  # only then a compile.
+  at = lambda prefix: next(
+    i for i, x in enumerate(first) if x.startswith(prefix)
+  )
+  changed = " ".join(first[at("settings beside") : at("writing to")])
+  assert "rollout.env_groups=2" in changed and "train.steps=12" in changed
+  assert "sft.steps=0" in changed and "rollout.max_turns=1" in changed
   compiling = first.index(
     "compiling the RL step (once; its first call runs it)"
   )
-  assert compiling == 4, first
+  assert at("writing to") < compiling, first
   proc = subprocess.Popen(
     main_cmd(resumed, *flags),
     stdout=subprocess.DEVNULL,

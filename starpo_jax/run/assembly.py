@@ -94,6 +94,25 @@ def check_sections(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return out
 
 
+def changed_settings(config: ml_collections.ConfigDict) -> list[str]:
+  """``section.key=value`` for every setting of ``config`` that differs
+  from its section's default, nested sections flattened, in the order of
+  ``sections.SECTIONS``."""
+  out = [f"seed={config.seed}"] if config.seed != 0 else []
+
+  def walk(prefix: str, got: dict[str, Any], default: dict[str, Any]) -> None:
+    for key, value in got.items():
+      base = default.get(key)
+      if isinstance(value, dict) and isinstance(base, dict):
+        walk(f"{prefix}.{key}", value, base)
+      elif value != base:
+        out.append(f"{prefix}.{key}={value!r}")
+
+  for name, cls in sections.SECTIONS.items():
+    walk(name, config[name].to_dict(), settings.defaults(cls))
+  return out
+
+
 def _check_lora(model_cfg, sft_cfg) -> None:
   """Raises ConfigError for LoRA settings the trainer cannot run."""
   if model_cfg.lora is not None and sft_cfg.steps:

@@ -11,6 +11,7 @@ workdir, replaying exactly the steps an uninterrupted run would take.
 from __future__ import annotations
 
 import os
+import textwrap
 import time
 from typing import Any
 
@@ -235,6 +236,13 @@ def brief(setup: assembly.Setup, parameters: int, workdir: str) -> list[str]:
     f"{m.hidden_size} wide, {parameters / 1e6:.2f}M parameters, {m.dtype}"
     + (f", LoRA rank {m.lora.rank}" if m.lora else "")
     + f") on {len(devices)} {devices[0].platform} device(s)",
+    *textwrap.wrap(
+      "settings beside the defaults: "
+      + (", ".join(assembly.changed_settings(c)) or "none"),
+      width=79,
+      subsequent_indent="  ",
+      break_on_hyphens=False,
+    ),
     f"writing to {workdir}; every setting, resolved: "
     f"{os.path.join(workdir, assembly.CONFIG_FILE)}",
   ]
