@@ -494,11 +494,12 @@ def test_the_gradient_split_adds_up_to_the_objective_and_follows_the_filter(
     real.state.policy
   )
   summed = jax.tree.map(lambda *g: sum(g), *parts.values())
-  # Float32 sums in another order: each leaf to 1e-6 of its largest
+  # Float32 sums in another order: each leaf to 5e-6 of its largest
   # entry (an embedding row summed from cancelling parts is off by 2e-7 of
-  # 0.28 on some CPUs).
+  # 0.28 on some CPUs; with the tests' XLA flags, conftest.py, a layer's
+  # leaf by 1.7e-6 of its largest entry).
   close = jax.tree.map(
-    lambda a, b: np.allclose(a, b, rtol=1e-5, atol=1e-6 * np.abs(b).max()),
+    lambda a, b: np.allclose(a, b, rtol=1e-5, atol=5e-6 * np.abs(b).max()),
     summed,
     whole,
   )
