@@ -12,13 +12,15 @@ from envs.bandit import Bandit
 from envs.core import Answer, Env, EnvSpec, TimeStep, check_kwargs, to_text
 from envs.countdown import Countdown
 from envs.frozen_lake import FrozenLake
+from envs.gym_sokoban import gym_sokoban
+from envs.host import HostEnv, HostEnvironment, HostSpec
 from envs.jumanji_text import GAMES, JumanjiText
 from envs.qa import QA
 from envs.sokoban import Sokoban
 
 # name -> (class, preset keyword arguments). RAGEN's LargerSokoban is an 8x8
 # room with two boxes.
-REGISTRY: dict[str, tuple[type, dict[str, Any]]] = {
+REGISTRY: dict[str, tuple[Any, dict[str, Any]]] = {
   "sokoban": (Sokoban, {}),
   "sokoban_larger": (Sokoban, {"dim_room": (8, 8), "num_boxes": 2}),
   "frozen_lake": (FrozenLake, {}),
@@ -26,6 +28,9 @@ REGISTRY: dict[str, tuple[type, dict[str, Any]]] = {
   "countdown": (Countdown, {}),
   # Questions from a dataset read through tensorflow-datasets (envs/qa).
   "qa": (QA, {}),
+  # RAGEN's Sokoban, the gym-sokoban package, stepped on the host
+  # (envs/host.py).
+  "gym_sokoban": (gym_sokoban, {}),
   # Jumanji's puzzles as text environments (envs/jumanji_text.py).
   **{game: (JumanjiText, {"game": game}) for game in GAMES},
 }
@@ -51,6 +56,9 @@ __all__ = [
   "Answer",
   "Env",
   "EnvSpec",
+  "HostEnv",
+  "HostEnvironment",
+  "HostSpec",
   "TimeStep",
   "make",
   "to_text",

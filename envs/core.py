@@ -90,6 +90,9 @@ class EnvSpec:
       policy must beat).
     answer_pieces: for a text-answer environment, the strings answers are
       made of (a vocabulary restricted to answers allows them).
+    token_observations: ``render`` returns token ids of the run's
+      tokenizer, not ids into ``pieces`` (a Python environment's text,
+      tokenized on the host: ``envs.host``).
   """
 
   name: str
@@ -103,6 +106,7 @@ class EnvSpec:
   piece_limits: tuple[int, ...] | None = None
   text_answers: bool = False
   answer_pieces: tuple[str, ...] = ()
+  token_observations: bool = False
 
   @property
   def num_actions(self) -> int:
@@ -206,9 +210,12 @@ def to_text(spec: EnvSpec, pieces: Any, n: Any) -> str:
   return "".join(spec.pieces[int(i)] for i in list(pieces)[: int(n)])
 
 
-def check_kwargs(name: str, cls: type, kwargs: dict[str, Any]) -> None:
-  """Rejects keyword arguments the constructor does not take, by name."""
-  params = inspect.signature(cls.__init__).parameters
+def check_kwargs(name: str, cls: Any, kwargs: dict[str, Any]) -> None:
+  """Rejects keyword arguments the constructor (a class, or a function
+  that builds the environment) does not take, by name."""
+  params = inspect.signature(
+    cls.__init__ if isinstance(cls, type) else cls
+  ).parameters
   if any(p.kind is p.VAR_KEYWORD for p in params.values()):
     return  # the constructor names what it does not take
   known = [p for p in params if p != "self"]

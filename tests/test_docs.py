@@ -27,7 +27,7 @@ def python_blocks(path: pathlib.Path) -> list[str]:
 
 def test_the_walkthrough_runs(tmp_path):
   blocks = python_blocks(ROOT / "docs" / "adding_an_environment.md")
-  assert len(blocks) == 6
+  assert len(blocks) == 7
   script = tmp_path / "walkthrough.py"
   script.write_text("\n\n".join(blocks))
   out = subprocess.run(
@@ -43,6 +43,8 @@ def test_the_walkthrough_runs(tmp_path):
   run = tmp_path / "runs" / "corridor"
   assert (run / "checkpoints" / "2").is_dir()
   assert (run / "metrics.jsonl").is_file()
+  # And the plain-Python corridor, stepped through envs.host.
+  assert (tmp_path / "runs" / "plain_corridor" / "metrics.jsonl").is_file()
 
 
 def modules() -> list[str]:

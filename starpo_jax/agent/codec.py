@@ -218,12 +218,16 @@ class Codec:
       vocab_size: the model's vocabulary, when larger than the tokenizer's
         (Qwen2.5 pads its embedding): extra ids stand for no bytes.
     """
-    encoded = [tokenizer.encode(p) for p in spec.pieces]
+    vocab = max(tokenizer.vocab_size, vocab_size or 0)
+    if spec.token_observations:
+      # Observations arrive as tokens: each token id is its own piece.
+      encoded = [[i] for i in range(vocab)]
+    else:
+      encoded = [tokenizer.encode(p) for p in spec.pieces]
     width = max(1, *(len(e) for e in encoded))
     piece_tokens = np.zeros((len(encoded), width), np.int32)
     for i, ids in enumerate(encoded):
       piece_tokens[i, : len(ids)] = ids
-    vocab = max(tokenizer.vocab_size, vocab_size or 0)
     token_bytes, lengths = _token_bytes(tokenizer, vocab)
     stop_next, stop_hit = _automaton(token_bytes, lengths, ANSWER_CLOSE)
     names = [n.lower().encode() for n in spec.action_names]
@@ -254,8 +258,12 @@ class Codec:
       stop_ids=tokenizer.stop_ids,
       chat_stop=tokenizer.token_to_id(chat.stop),
       max_obs_pieces=spec.max_obs_pieces,
-      max_obs_tokens=_max_tokens(
-        [len(e) for e in encoded], spec.max_obs_pieces, spec.piece_limits
+      max_obs_tokens=(
+        spec.max_obs_pieces
+        if spec.token_observations
+        else _max_tokens(
+          [len(e) for e in encoded], spec.max_obs_pieces, spec.piece_limits
+        )
       ),
       settings=settings,
       text_answers=spec.text_answers,

@@ -30,6 +30,7 @@ from flax import struct
 
 import envs
 from envs import Env
+from envs.host import HostEnvironment
 from starpo_jax import settings
 from starpo_jax.agent.codec import Codec, PromptSettings
 from starpo_jax.models import sampling
@@ -122,6 +123,8 @@ class Trajectory:
   success: jax.Array  # [B] bool
   terminated: jax.Array  # [B] bool: the environment reached a terminal state
   context_truncated: jax.Array  # [B] bool: the context length ended it
+  env_error: jax.Array  # [B] bool: a Python environment's fault ended it
+  obs_truncated: jax.Array  # [B] int32 observations cut to their budget
 
   @property
   def truncated(self) -> jax.Array:
@@ -236,17 +239,26 @@ def context_needed(codec: Codec, cfg: RolloutConfig, turns: int) -> int:
   return len(codec.fragments.system) + turns * (chunk + cfg.max_new_tokens)
 
 
+def level_keys(cfg: RolloutConfig, key: jax.Array) -> jax.Array:
+  """The reset keys ``[B]`` of ``reset(env, cfg, key)``: one per group."""
+  k_levels, _ = jax.random.split(key)
+  return jnp.repeat(
+    jax.random.split(k_levels, cfg.env_groups), cfg.group_size, axis=0
+  )
+
+
 def reset(env: Env, cfg: RolloutConfig, key: jax.Array):
   """The ``cfg.batch`` initial states a rollout with this key plays.
 
   Group members share a level (one reset key per group) but get their own
   dynamics RNG.
   """
-  k_levels, k_dynamics = jax.random.split(key)
-  level_keys = jnp.repeat(
-    jax.random.split(k_levels, cfg.env_groups), cfg.group_size, axis=0
-  )
-  states, _ = jax.vmap(env.reset)(level_keys)
+  _, k_dynamics = jax.random.split(key)
+  keys = level_keys(cfg, key)
+  if isinstance(env, HostEnvironment):
+    states = env.reset_batch(keys)
+  else:
+    states, _ = jax.vmap(env.reset)(keys)
   return states.replace(key=jax.random.split(k_dynamics, cfg.batch))
 
 
@@ -292,8 +304,9 @@ def _start(
   _, cache = model.hidden(system[None], model.init_cache(1, width))
   zeros = jnp.zeros((b, width), jnp.int32)
   false = jnp.zeros((b,), bool)
+  states = reset(env, cfg, k_reset)
   return _Carry(
-    states=reset(env, cfg, k_reset),
+    states=states,
     cache=cache.broadcast(b),
     tokens=zeros.at[:, : system.shape[0]].set(system),
     loss_mask=zeros.astype(bool),
@@ -301,7 +314,8 @@ def _start(
     logprobs=zeros.astype(jnp.float32),
     entropy=zeros.astype(jnp.float32),
     rewards=zeros.astype(jnp.float32),
-    done=false,
+    # A Python environment whose reset failed never plays.
+    done=states.error if isinstance(env, HostEnvironment) else false,
     used=jnp.zeros((b,), jnp.int32),
     last_reward=jnp.zeros((b,), jnp.float32),
     warn=false,
@@ -424,9 +438,12 @@ def _act(
     (-1 where none was).
   """
   actions = parsed.actions[:, : cfg.max_actions_per_turn]
+  answer = None
   if env.spec.text_answers:
     actions = actions[:, :1]
     answer = envs.Answer(parsed.answer, parsed.answer_length)
+  if isinstance(env, HostEnvironment):
+    return _host_act(env, cfg, c, actions, answer, active)
 
   def one(a: _Acting, action: jax.Array) -> tuple[_Acting, jax.Array]:
     budget = a.used < cfg.max_actions_per_traj
@@ -461,6 +478,31 @@ def _act(
     unavailable=jnp.zeros((b,), jnp.int32),
   )
   return jax.lax.scan(one, start, actions.T)
+
+
+def _host_act(
+  env: HostEnvironment,
+  cfg: RolloutConfig,
+  c: _Carry,
+  actions: jax.Array,
+  answer: envs.Answer | None,
+  active: jax.Array,
+) -> tuple[_Acting, jax.Array]:
+  """``_act`` for a Python environment: the whole batch's turn in one
+  host call (``envs.host``)."""
+  t = env.act(
+    c.states, actions, answer, active, c.used, cfg.max_actions_per_traj
+  )
+  return _Acting(
+    states=t.states,
+    used=t.used,
+    env_done=t.done,
+    reward=t.reward,
+    effective=t.effective,
+    success=jnp.where(t.stepped, t.success, c.success),
+    terminated=jnp.where(t.stepped, t.terminated, c.terminated),
+    unavailable=t.unavailable,
+  ), t.executed
 
 
 def _end_turn(
@@ -551,6 +593,7 @@ def rollout(
     return constrain(c), record
 
   c, turns = jax.lax.scan(turn_body, carry, jnp.arange(cfg.max_turns))
+  host = isinstance(env, HostEnvironment)
   turns = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), turns)  # [B, K]
   crop = lambda x: x[:, : cfg.max_context]
   return Trajectory(
@@ -575,4 +618,6 @@ def rollout(
     success=c.success & c.terminated,
     terminated=c.terminated,
     context_truncated=c.context_truncated,
+    env_error=c.states.error if host else jnp.zeros_like(c.done),
+    obs_truncated=c.states.cut if host else jnp.zeros_like(c.used),
   )

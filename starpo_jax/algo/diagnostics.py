@@ -49,8 +49,8 @@ from starpo_jax.algo import filtering, losses
 
 def summary(traj: Trajectory, group_size: int) -> dict[str, jax.Array]:
   """Episode statistics of a rollout (scalars): success, pass@group,
-  return, actions and turns per episode, and per-turn rates of valid,
-  effective and well-formed answers."""
+  return, actions and turns per episode, per-turn rates of valid,
+  effective and well-formed answers, and what ended episodes early."""
   played = traj.turn_played
   turns = jnp.maximum(jnp.sum(played), 1)
   groups = traj.success.reshape(-1, group_size)
@@ -66,6 +66,10 @@ def summary(traj: Trajectory, group_size: int) -> dict[str, jax.Array]:
     "response_length": jnp.sum(traj.response_lengths) / turns,
     "truncated": jnp.mean(traj.truncated),
     "context_truncated": jnp.mean(traj.context_truncated),
+    # Python environments (envs.host): faults that ended an episode, and
+    # observations cut to their token budget, per episode.
+    "env_error": jnp.mean(traj.env_error),
+    "obs_truncated": jnp.mean(traj.obs_truncated),
   }
 
 

@@ -27,6 +27,7 @@ import optax
 from flax import nnx, struct
 
 from envs import Env, planning
+from envs.host import HostEnvironment
 from starpo_jax import settings, sharding
 from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.agent.codec import Codec
@@ -212,6 +213,13 @@ def check(
   env: Env, rollout_cfg: RolloutConfig, replies: Replies, expert: str
 ) -> None:
   """Raises ``ValueError`` naming what stops the warm start from working."""
+  if isinstance(env, HostEnvironment):
+    raise ValueError(
+      f"sft: {env.spec.name!r} is a Python environment (envs.host); the "
+      "warm start plays its experts inside the compiled step, on jittable "
+      "environments only: set sft.steps=0, or warm start on a jittable "
+      "environment and start from that run with train.init_from"
+    )
   if expert == "planner" and not hasattr(env, "plan"):
     raise ValueError(
       f"sft: environment {env.spec.name!r} has no planner (env.plan) to "

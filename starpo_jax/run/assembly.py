@@ -24,6 +24,7 @@ import optax
 from flax import nnx
 
 import envs
+from envs.host import HostEnvironment
 from starpo_jax import settings, sharding
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
@@ -148,6 +149,11 @@ def build(
   tok = _tokenizer(
     typed["model"], [env, *eval_envs.values()], prompt, shapes_only
   )
+  # Python environments tokenize their observations on the host.
+  bind = lambda e: (
+    e.with_tokenizer(tok.encode) if isinstance(e, HostEnvironment) else e
+  )
+  env, eval_envs = bind(env), {n: bind(e) for n, e in eval_envs.items()}
   model_cfg = _model_config(typed["model"], tok)
   _check_lora(model_cfg, sft_cfg)
   codec = codec_lib.Codec.build(tok, env.spec, prompt, model_cfg.vocab_size)
