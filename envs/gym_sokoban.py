@@ -12,12 +12,14 @@ test dependency of this project) provides it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
 import random
 import threading
 from typing import Any
 
+import jax
 import numpy as np
 
 from envs.host import HostEnvironment, HostSpec
@@ -44,7 +46,19 @@ class GymSokoban:
       reset=False,
     )
 
-  def reset(self, seed: int) -> str:
+  def reset(self, seed: int, level: dict[str, Any] | None = None) -> str:
+    """gym-sokoban's level for ``seed``, or ``level``: the jittable
+    ``sokoban``'s (its ``walls``, ``targets``, ``boxes``, ``player``)."""
+    if level is not None:
+      rows, cols = self.env.dim_room
+      cells = lambda x: np.asarray(x, bool).reshape(rows, cols)
+      walls, targets, boxes = (
+        cells(level[k]) for k in ("walls", "targets", "boxes")
+      )
+      fixed = np.where(walls, 0, np.where(targets, 2, 1))
+      state = np.where(boxes, np.where(targets, 3, 4), fixed)
+      state.flat[int(level["player"])] = 5
+      return self.set_level(fixed, state)
     with _GENERATING, contextlib.redirect_stdout(io.StringIO()):
       # The generator's retries print; RAGEN seeds both RNGs around it.
       py, np_state = random.getstate(), np.random.get_state()
@@ -106,13 +120,21 @@ def gym_sokoban(
   num_boxes: int = 1,
   max_steps: int = 100,
   timeout_s: float = 10.0,
+  levels: str = "gym",
 ) -> HostEnvironment:
   """gym-sokoban through the host bridge, with the jittable ``sokoban``'s
-  instructions and legend.
+  instructions and legend. ``levels``: ``"gym"`` (gym-sokoban's generator,
+  seeded per episode) or ``"sokoban"`` (the jittable ``sokoban``'s levels
+  for the same keys: the same levels as ``--config.env.name=sokoban``).
 
   Raises:
-    ValueError: the gym-sokoban package is not installed.
+    ValueError: the gym-sokoban package is not installed, or ``levels``
+      names neither.
   """
+  if levels not in ("gym", "sokoban"):
+    raise ValueError(
+      f"gym_sokoban: levels={levels!r}; expected 'gym' or 'sokoban'"
+    )
   if importlib.util.find_spec("gym_sokoban") is None:
     raise ValueError(
       "gym_sokoban needs the gym-sokoban package: pip install gym-sokoban"
@@ -131,5 +153,13 @@ def gym_sokoban(
       max_obs_tokens=2 * rows * (cols + 1),
       max_steps=max_steps,
       timeout_s=timeout_s,
+      levels=None if levels == "gym" else functools.partial(_level, like),
     )
   )
+
+
+def _level(env: Sokoban, key: jax.Array) -> dict[str, jax.Array]:
+  """The jittable Sokoban's level for ``key``, as ``GymSokoban.reset``
+  takes it."""
+  state, _ = env.reset(key)
+  return {k: getattr(state, k) for k in ("walls", "targets", "boxes", "player")}

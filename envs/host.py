@@ -46,7 +46,7 @@ from envs.core import EnvSpec
 class HostEnv(Protocol):
   """One episode of a Python environment."""
 
-  def reset(self, seed: int) -> str: ...
+  def reset(self, seed: int, level: Any = None) -> str: ...
 
   def step(self, answer: str) -> tuple[str, float, bool, dict[str, Any]]: ...
 
@@ -68,6 +68,11 @@ class HostSpec:
       (and counted).
     max_steps: actions (or answers) after which an episode is truncated.
     timeout_s: the longest one episode's reset or turn may take.
+    levels: optionally, a jittable function from a reset key to a dict of
+      arrays describing a level (e.g. a jittable environment's generator):
+      the compiled step draws each episode's level with it and ``reset``
+      receives it as ``level`` (a dict of NumPy arrays), so a Python
+      environment can play the very levels a jittable one does.
   """
 
   name: str
@@ -79,6 +84,7 @@ class HostSpec:
   max_obs_tokens: int = 128
   max_steps: int = 100
   timeout_s: float = 10.0
+  levels: Callable[[jax.Array], dict[str, jax.Array]] | None = None
 
   def __post_init__(self) -> None:
     if self.max_obs_tokens < 1:
@@ -194,9 +200,9 @@ class _Slots:
     row[: min(len(ids), width)] = ids[:width]
     return row, min(len(ids), width), len(ids) > width
 
-  def reset(self, seeds: np.ndarray):
-    """Resets slot b with ``seeds[b]``: observations ``[B, T]``, lengths,
-    failed, truncated."""
+  def reset(self, seeds: np.ndarray, levels: dict[str, np.ndarray] | None):
+    """Resets slot b with ``seeds[b]`` (and row b of ``levels``, if
+    given): observations ``[B, T]``, lengths, failed, truncated."""
     with self.lock:
       b = len(seeds)
       while len(self.envs) < b:
@@ -212,7 +218,12 @@ class _Slots:
           if self.envs[i] is None:
             self.envs[i] = _call(self.spec.make, self.spec.timeout_s)
           env = self.envs[i]
-          text = _call(lambda e=env, s=seed: e.reset(s), self.spec.timeout_s)
+          if levels is None:
+            start = lambda e=env, s=seed: e.reset(s)
+          else:
+            level = {k: v[i] for k, v in levels.items()}
+            start = lambda e=env, s=seed, v=level: e.reset(s, level=v)
+          text = _call(start, self.spec.timeout_s)
           if not isinstance(text, str):
             raise _Fault(f"reset returned {type(text).__name__}, not str")
           obs[i], length[i], cut[i] = self._tokens(text)
@@ -435,8 +446,14 @@ class HostEnvironment:
     slots = self._bound()
     b, t = keys.shape[0], self.host.max_obs_tokens
     seeds = reset_seeds(keys)
+    levels = (
+      None if self.host.levels is None else jax.vmap(self.host.levels)(keys)
+    )
     obs, length, failed, cut = io_callback(
-      lambda s: slots.reset(np.asarray(s)),
+      lambda s, v: slots.reset(
+        np.asarray(s),
+        None if v is None else {k: np.asarray(x) for k, x in v.items()},
+      ),
       (
         jax.ShapeDtypeStruct((b, t), jnp.int32),
         jax.ShapeDtypeStruct((b,), jnp.int32),
@@ -444,6 +461,7 @@ class HostEnvironment:
         jax.ShapeDtypeStruct((b,), bool),
       ),
       seeds,
+      levels,
     )
     return HostState(
       obs=obs,

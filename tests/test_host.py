@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 import envs
-from envs.gym_sokoban import GymSokoban
-from envs.host import HostEnvironment, HostSpec, reset_seeds
+from envs.host import HostEnvironment, HostSpec
 from envs.sokoban import solve
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
@@ -44,64 +43,19 @@ def script_from(replies: list[list[str]], tok) -> jnp.ndarray:
   return jnp.asarray(out)
 
 
-def rooms(states, b: int, rows: int, cols: int):
-  """gym-sokoban's arrays of the jittable Sokoban's episode ``b``."""
-  walls, targets, boxes = (
-    np.asarray(x[b]).reshape(rows, cols)
-    for x in (states.walls, states.targets, states.boxes)
-  )
-  fixed = np.where(walls, 0, np.where(targets, 2, 1))
-  state = np.where(boxes, np.where(targets, 3, 4), fixed)
-  state.flat[int(states.player[b])] = 5
-  return fixed, state
-
-
-class Levels:
-  """gym-sokoban on given levels: the one of each reset seed."""
-
-  def __init__(self, table):
-    self.table, self.env = table, GymSokoban((6, 6), 1, 100)
-
-  def reset(self, seed):
-    return self.env.set_level(*self.table[seed])
-
-  def step(self, answer):
-    return self.env.step(answer)
-
-
-def bridged(table, **spec) -> HostEnvironment:
-  like = envs.make("gym_sokoban")
-  host = like.host
-  return HostEnvironment(
-    HostSpec(
-      name=host.name,
-      make=lambda: Levels(table),
-      instructions=host.instructions,
-      action_names=host.action_names,
-      pieces=host.pieces,
-      legend=host.legend,
-      max_obs_tokens=host.max_obs_tokens,
-      max_steps=host.max_steps,
-      **spec,
-    )
-  )
-
-
 @pytest.mark.parametrize("tok_name", sorted(TOKENIZERS))
 def test_gym_sokoban_through_the_bridge_plays_as_the_jittable_sokoban(tok_name):
-  # 200 episodes (25 levels x 8) of random answers, scripted the same on
-  # both sides, on the jittable Sokoban's levels loaded into gym-sokoban:
-  # every token the policy is shown, every reward, every ending is equal.
+  # 200 episodes (25 levels x 8) of scripted answers, the same on both
+  # sides, gym-sokoban playing the jittable Sokoban's levels
+  # (levels="sokoban"): every token the policy is shown, every reward,
+  # every ending is equal.
   tok = TOKENIZERS[tok_name]()
   key = jax.random.key(5)
   jittable = envs.make("sokoban")
   states = jax.jit(lambda k: rollout.reset(jittable, CFG, k))(
     rollout.reset_key(key)
   )
-  keys = rollout.level_keys(CFG, rollout.reset_key(key))
-  seeds = np.asarray(reset_seeds(keys))
-  table = {int(s): rooms(states, b, 6, 6) for b, s in enumerate(seeds)}
-  host = bridged(table).with_tokenizer(tok.encode)
+  host = envs.make("gym_sokoban", levels="sokoban").with_tokenizer(tok.encode)
   rng = np.random.default_rng(0)
   names = jittable.spec.action_names
   replies = []
@@ -334,6 +288,8 @@ def test_an_unbound_host_environment_says_what_it_needs():
   env = envs.make("gym_sokoban")
   with pytest.raises(RuntimeError, match="with_tokenizer"):
     env.reset_batch(jax.random.split(jax.random.key(0), 2))
+  with pytest.raises(ValueError, match="levels='mine'; expected"):
+    envs.make("gym_sokoban", levels="mine")
 
 
 def test_gym_sokoban_trains_from_the_sokoban_config(tmp_path):
