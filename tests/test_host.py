@@ -17,6 +17,7 @@ from envs.sokoban import solve
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
 from starpo_jax.algo.sft import ScriptedPolicy
+from starpo_jax.run import evaluator
 from tests.envs.conftest import to_numpy
 from tests.helpers import TRACES, counted
 from tests.text_fixtures import TOKENIZERS
@@ -182,6 +183,15 @@ def test_a_failing_environment_ends_its_episode_only(fault, message):
   assert not traj.terminated[1] and traj.terminated[[0, 2, 3]].all()
   np.testing.assert_allclose(traj.episode_return, [4.0, 1.0, 4.0, 4.0])
   assert env.errors() == [None, f"step: {message}", None, None]
+  # The transcript says what ended the episode.
+  names = env.spec.action_names
+  record = evaluator.episode_record(traj, tok, names, 1, env.errors()[1])
+  assert record["error"] == f"step: {message}"
+  assert (
+    f"[environment error, the episode ended: step: {message}]"
+    in evaluator.transcript(record)
+  )
+  assert "error" not in evaluator.episode_record(traj, tok, names, 0, None)
   # The next rollout starts clean: a fresh object in the failed slot, the
   # same compiled step.
   traj = to_numpy(play(policy, codec, jax.random.key(1)))

@@ -63,13 +63,18 @@ def random_valid_success(
 
 
 def episode_record(
-  traj: Any, tokenizer: Tokenizer, action_names: tuple[str, ...], episode: int
+  traj: Any,
+  tokenizer: Tokenizer,
+  action_names: tuple[str, ...],
+  episode: int,
+  error: str | None = None,
 ) -> dict[str, Any]:
   """One episode turn by turn, as plain values (a JSON line): the prompt
   text the model read, its reply, the actions the environment executed
   (by name; ``"answer"`` when an environment took a text answer), the
   turn's reward (format penalty included) and whether the answer was
-  well-formed and valid."""
+  well-formed and valid; ``error``: what ended a Python environment's
+  episode (``HostEnvironment.errors()``), recorded when given."""
   action_names = action_names or ("answer",)
   tokens = np.asarray(traj.tokens[episode])
   turn_ids = np.asarray(traj.turn_ids[episode])
@@ -99,6 +104,7 @@ def episode_record(
     "return": float(traj.episode_return[episode]),
     "success": bool(traj.success[episode]),
     "num_actions": int(traj.num_actions[episode]),
+    **({"error": error} if error else {}),
   }
 
 
@@ -112,6 +118,8 @@ def transcript(record: dict[str, Any]) -> str:
       f"{t['prompt']}{t['reply']}\n[turn {t['turn']}: actions {actions}; "
       f"reward {t['reward']:+.2f}]\n"
     )
+  if record.get("error"):
+    out.append(f"[environment error, the episode ended: {record['error']}]\n")
   status = "success" if record["success"] else "no success"
   out.append(f"[episode return {record['return']:+.2f}, {status}]")
   return "".join(out)
@@ -159,6 +167,11 @@ class Evaluator:
     self.tokenizer, self.transcripts = tokenizer, transcripts
     self.samples = samples
     self.action_names = {n: e.spec.action_names for n, e in envs.items()}
+    # Python environments' faults of the last evaluation, per episode.
+    self.hosts = {
+      n: e for n, e in envs.items() if isinstance(e, HostEnvironment)
+    }
+    self.errors: dict[tuple[str, float], list[str | None]] = {}
     base = dataclasses.replace(
       rollout_cfg, env_groups=episodes, group_size=samples
     )
@@ -199,6 +212,8 @@ class Evaluator:
         lambda x: np.asarray(sharding.local_value(x)),
         run(params, self.codecs[name], self.key),
       )
+      if name in self.hosts:
+        self.errors[(name, t)] = list(self.hosts[name].errors())
       if report is not None:
         seconds = time.perf_counter() - t0
         report(
@@ -207,6 +222,12 @@ class Evaluator:
           f"({seconds:.0f} s)"
         )
     return out
+
+  def error(self, part: tuple[str, float], episode: int) -> str | None:
+    """What ended ``episode`` of a Python environment's evaluation part
+    (environment name, temperature) early, if anything did."""
+    errors = self.errors.get(part, [])
+    return errors[episode] if episode < len(errors) else None
 
   def stats(self, traj: Any) -> dict[str, float]:
     """Episode statistics and success with its interval."""
@@ -228,7 +249,11 @@ class Evaluator:
         metrics[f"{name}/{k}{suffix}"] = v
       if self.transcripts:
         record = episode_record(
-          traj, self.tokenizer, self.action_names[name], 0
+          traj,
+          self.tokenizer,
+          self.action_names[name],
+          0,
+          self.error((name, t), 0),
         )
         transcripts[f"{name}_t{t:g}"] = transcript(record)
     for name, stats in self.random.items():
@@ -306,7 +331,9 @@ def evaluate_checkpoint(
     entry[_label(temp)] = evaluator.stats(traj)
     names = evaluator.action_names[name]
     records = [
-      episode_record(traj, setup.tokenizer, names, i)
+      episode_record(
+        traj, setup.tokenizer, names, i, evaluator.error((name, temp), i)
+      )
       for i in range(traj.success.shape[0])
     ]
     stem = os.path.join(out, f"{name}_{_label(temp)}")
