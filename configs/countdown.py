@@ -12,18 +12,25 @@ from digits, operators and parentheses only (``rollout.answer_vocab``);
 there is no warm start to imitate (no solver's actions), so it learns from
 the reward alone: 0.1 for an expression that uses exactly the given
 numbers, 1 for one that also equals the target.
+
+``:tools=calculator`` lets the agent call a calculator before it answers
+(``envs/tools.py``): up to two calls, each a turn.
 """
 
 from configs import common
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg)
+  args = common.parse_arg(arg, tools="")
   c = common.base_config()
   c.env.name = "countdown"
   common.apply_preset(c, args["algo"])
   common.apply_model(c, args)
   common.single_turn(c, args["algo"])
+  if args["tools"]:
+    # Up to two calls, each a turn, before the answer.
+    c.env.kwargs.tools = args["tools"]
+    c.rollout.max_turns = 3
   if args["model"] == "tiny":
     # "12 + 34 - 56 + 78" spelled digit by digit, then "</answer>".
     c.rollout.max_new_tokens = 16
@@ -33,4 +40,7 @@ def get_config(arg=None):
     c.train.eval_every = 50
     c.rollout.env_groups = 16
     c.rollout.group_size = 8
+    if args["tools"]:
+      # "<tool>calculator: 12 + 34</tool>", and three turns of context.
+      c.rollout.max_context = 256
   return c

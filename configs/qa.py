@@ -15,6 +15,9 @@ and the last 10% held out. Any JSONL or Parquet file with MetaMathQA's
 (``query``, ``response``) or GSM8K's (``question``, ``answer``) fields
 works, or a tfds dataset name (``env.kwargs.source``); tfds prepares it
 once under ``env.kwargs.data_dir`` (default ``~/tensorflow_datasets``).
+
+``:tools=calculator`` lets the agent call a calculator before it answers
+(``envs/tools.py``): up to two calls, each a turn.
 """
 
 import os
@@ -25,7 +28,7 @@ DATA = os.path.join(os.path.dirname(__file__), "data", "arithmetic_qa.jsonl")
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg)
+  args = common.parse_arg(arg, tools="")
   c = common.base_config()
   c.env.name = "qa"
   c.env.kwargs.source = DATA
@@ -37,6 +40,10 @@ def get_config(arg=None):
   c.rollout.max_turns = 2
   c.rollout.max_actions_per_turn = 1
   c.rollout.max_actions_per_traj = 2
+  if args["tools"]:
+    # Up to two calls, each a turn, besides the two answers.
+    c.env.kwargs.tools = args["tools"]
+    c.rollout.max_turns = 4
   if args["model"] == "tiny":
     # "18</answer>": a few digit tokens and the closing tag.
     c.rollout.max_new_tokens = 8
@@ -46,4 +53,8 @@ def get_config(arg=None):
     c.train.eval_every = 50
     c.rollout.env_groups = 16
     c.rollout.group_size = 8
+    if args["tools"]:
+      # "<tool>calculator: 12 * 3</tool>", and four turns of context.
+      c.rollout.max_new_tokens = 12
+      c.rollout.max_context = 384
   return c

@@ -93,6 +93,10 @@ class EnvSpec:
     token_observations: ``render`` returns token ids of the run's
       tokenizer, not ids into ``pieces`` (a Python environment's text,
       tokenized on the host: ``envs.host``).
+    tools: names of the tools (``envs.tools``) the agent may call before
+      it answers.
+    tool_tokens: a tool result's budget in tokens; longer ones are cut (and
+      counted with the observations cut).
   """
 
   name: str
@@ -107,6 +111,8 @@ class EnvSpec:
   text_answers: bool = False
   answer_pieces: tuple[str, ...] = ()
   token_observations: bool = False
+  tools: tuple[str, ...] = ()
+  tool_tokens: int = 32
 
   @property
   def num_actions(self) -> int:

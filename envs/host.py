@@ -129,15 +129,15 @@ class HostTurn:
   executed: jax.Array
 
 
-class _Fault(Exception):
+class Fault(Exception):
   """An episode's environment failed; the message says how."""
 
 
-def _call(fn: Callable[[], Any], timeout_s: float) -> Any:
+def call_bounded(fn: Callable[[], Any], timeout_s: float) -> Any:
   """``fn()`` in a daemon thread, waited for at most ``timeout_s``.
 
   Raises:
-    _Fault: it raised (its message) or did not return in time.
+    Fault: it raised (its message) or did not return in time.
   """
   out: dict[str, Any] = {}
 
@@ -151,9 +151,9 @@ def _call(fn: Callable[[], Any], timeout_s: float) -> Any:
   thread.start()
   thread.join(timeout_s)
   if thread.is_alive():
-    raise _Fault(f"no answer within {timeout_s:g} s")
+    raise Fault(f"no answer within {timeout_s:g} s")
   if "error" in out:
-    raise _Fault(out["error"])
+    raise Fault(out["error"])
   return out["value"]
 
 
@@ -161,24 +161,24 @@ def _checked_step(result: Any) -> tuple[str, float, bool, dict[str, Any]]:
   """A step's result with its types checked.
 
   Raises:
-    _Fault: not ``(str, finite number, bool, dict)``.
+    Fault: not ``(str, finite number, bool, dict)``.
   """
   if not (isinstance(result, tuple) and len(result) == 4):
-    raise _Fault(
+    raise Fault(
       f"step returned {type(result).__name__}, not (observation, reward, "
       "done, info)"
     )
   obs, reward, done, info = result
   if not isinstance(obs, str):
-    raise _Fault(f"step's observation is {type(obs).__name__}, not str")
+    raise Fault(f"step's observation is {type(obs).__name__}, not str")
   if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-    raise _Fault(f"step's reward is {type(reward).__name__}, not a number")
+    raise Fault(f"step's reward is {type(reward).__name__}, not a number")
   if not math.isfinite(reward):
-    raise _Fault(f"step's reward is {reward}")
+    raise Fault(f"step's reward is {reward}")
   if not isinstance(done, (bool, np.bool_)):
-    raise _Fault(f"step's done is {type(done).__name__}, not bool")
+    raise Fault(f"step's done is {type(done).__name__}, not bool")
   if not isinstance(info, dict):
-    raise _Fault(f"step's info is {type(info).__name__}, not dict")
+    raise Fault(f"step's info is {type(info).__name__}, not dict")
   return obs, float(reward), bool(done), info
 
 
@@ -216,18 +216,18 @@ class _Slots:
         self.errors[i] = None
         try:
           if self.envs[i] is None:
-            self.envs[i] = _call(self.spec.make, self.spec.timeout_s)
+            self.envs[i] = call_bounded(self.spec.make, self.spec.timeout_s)
           env = self.envs[i]
           if levels is None:
             start = lambda e=env, s=seed: e.reset(s)
           else:
             level = {k: v[i] for k, v in levels.items()}
             start = lambda e=env, s=seed, v=level: e.reset(s, level=v)
-          text = _call(start, self.spec.timeout_s)
+          text = call_bounded(start, self.spec.timeout_s)
           if not isinstance(text, str):
-            raise _Fault(f"reset returned {type(text).__name__}, not str")
+            raise Fault(f"reset returned {type(text).__name__}, not str")
           obs[i], length[i], cut[i] = self._tokens(text)
-        except _Fault as e:
+        except Fault as e:
           self.envs[i] = None  # a fresh object at the next reset
           self.errors[i] = f"reset: {e}"
           failed[i] = True
@@ -338,7 +338,7 @@ class _Slots:
         steps.append((action, obs, reward, done, info))
         if done:
           break
-    except _Fault as e:
+    except Fault as e:
       r["fault"] = str(e)
     except Exception as e:  # an environment's bug ends its episode only
       r["fault"] = f"{type(e).__name__}: {e}"

@@ -29,6 +29,7 @@ import numpy as np
 from flax import struct
 
 from envs import core, render
+from envs import tools as tools_lib
 from envs.countdown import constants, expression
 
 
@@ -55,6 +56,7 @@ class Countdown:
     score: float = 1.0,
     format_score: float = 0.1,
     max_answer_bytes: int = 128,
+    tools: str = "",
   ) -> None:
     """Validates the settings before anything compiles.
 
@@ -66,6 +68,8 @@ class Countdown:
       score: reward of a correct expression.
       format_score: reward of a wrong one that uses the right numbers.
       max_answer_bytes: longest answer evaluated.
+      tools: tools the agent may call before it answers (``envs.tools``),
+        comma-separated: ``"calculator"``.
     """
     for name, value in (
       ("min_numbers", min_numbers),
@@ -112,6 +116,7 @@ class Countdown:
       max_steps=1,
       text_answers=True,
       answer_pieces=constants.ALPHABET,
+      tools=tools_lib.names(tools),
     )
 
   def reset(self, key: jax.Array) -> tuple[State, core.TimeStep]:

@@ -29,6 +29,7 @@ import numpy as np
 from flax import struct
 
 from envs import core, render
+from envs import tools as tools_lib
 from envs.qa import constants, dataset
 
 WHITESPACE = b" \t\n\r\x0b\x0c"
@@ -53,6 +54,7 @@ class QA:
     answer_field: str = "",
     data_dir: str = "",
     turns: int = 1,
+    tools: str = "",
   ) -> None:
     """Reads the dataset (``envs.qa.dataset.load``) before anything
     compiles.
@@ -64,6 +66,8 @@ class QA:
         GSM8K's names, whichever the data has.
       data_dir: where tfds keeps prepared data; empty: tfds' default.
       turns: answers an episode allows.
+      tools: tools the agent may call before it answers (``envs.tools``),
+        comma-separated: ``"calculator"``.
     """
     if not source:
       raise ValueError(
@@ -97,6 +101,7 @@ class QA:
       max_steps=turns,
       text_answers=True,
       answer_pieces=tuple(sorted(set("".join(data.answers)))),
+      tools=tools_lib.names(tools),
     )
 
   def reset(self, key: jax.Array) -> tuple[State, core.TimeStep]:

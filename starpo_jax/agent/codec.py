@@ -14,7 +14,10 @@ argument:
   Invariant: it equals a plain-Python regex reference on any text
   (``reference/text.py``).
 * stopping: a per-token automaton finds ``</answer>`` even when it is split
-  across tokens, in O(1) per decoded token.
+  across tokens, in O(1) per decoded token (and a second one ``</tool>``,
+  where the environment offers tools).
+* tools: an environment's tools (``envs.tools``) bound to the tokenizer,
+  run from the compiled rollout.
 
 The grammar itself: ``parse.py``.
 """
@@ -29,6 +32,7 @@ import numpy as np
 from flax import struct
 
 from envs import EnvSpec
+from envs import tools as tools_lib
 from starpo_jax.agent.parse import ANSWER_CLOSE, Parsed, parse_bytes
 from starpo_jax.agent.ragged import Segment, fixed, pack
 from starpo_jax.models.tokenizer import TAGS, Tokenizer
@@ -113,6 +117,13 @@ def system_text(spec: EnvSpec, settings: PromptSettings) -> str:
       f"\nYou can make up to {settings.max_actions_per_turn} actions, "
       'separated by the action separator " || "\n'
     )
+  if spec.tools:
+    text += (
+      "\nBefore you answer you may call a tool instead; its result comes "
+      "back in the next turn. "
+      + "; ".join(tools_lib.TOOLS[n].description for n in spec.tools)
+      + "."
+    )
   return text
 
 
@@ -138,6 +149,22 @@ def prompt_pieces(spec: EnvSpec, settings: PromptSettings) -> list[str]:
     "system",
     "user",
     "assistant",
+    *_tool_pieces(spec),
+  ]
+
+
+def _tool_pieces(spec: EnvSpec) -> list[str]:
+  """What tool calls and results are made of (none without tools)."""
+  if not spec.tools:
+    return []
+  return [
+    tools_lib.TOOL_OPEN,
+    tools_lib.TOOL_CLOSE,
+    tools_lib.RESULT_OPEN,
+    tools_lib.RESULT_CLOSE + "\n",
+    "error: ",
+    *(f"{n}: " for n in spec.tools),
+    *(p for n in spec.tools for p in tools_lib.TOOLS[n].pieces),
   ]
 
 
@@ -192,6 +219,8 @@ class Codec:
   token_byte_lengths: jax.Array  # [vocab] int32
   stop_next: jax.Array  # [vocab, 10] int32: "</answer>" automaton
   stop_hit: jax.Array  # [vocab, 10] bool: the token completes "</answer>"
+  tool_next: jax.Array | None  # [vocab, 8] int32: "</tool>" automaton
+  tool_hit: jax.Array | None  # [vocab, 8] bool: the token completes it
   action_bytes: jax.Array  # [actions, max_name] uint8, lower-case
   action_lengths: jax.Array  # [actions] int32
   allowed: jax.Array | None  # [vocab] bool tokens the policy may emit
@@ -203,6 +232,9 @@ class Codec:
   max_obs_tokens: int = struct.field(pytree_node=False)
   settings: PromptSettings = struct.field(pytree_node=False)
   text_answers: bool = struct.field(pytree_node=False, default=False)
+  tools: tools_lib.ToolBox | None = struct.field(
+    pytree_node=False, default=None
+  )
 
   @classmethod
   def build(
@@ -240,6 +272,15 @@ class Codec:
         [t.encode() for t in TAGS] + [m.encode() for m in _chat_markers(chat)]
       )
     )
+    tools, tool_next, tool_hit = None, None, None
+    if spec.tools:
+      tools = tools_lib.ToolBox.build(
+        spec.tools, tokenizer.encode, spec.tool_tokens
+      )
+      tool_next, tool_hit = (
+        jnp.asarray(a)
+        for a in _automaton(token_bytes, lengths, tools_lib.TOOL_CLOSE.encode())
+      )
     allowed = None
     if settings.answer_vocab:
       allowed = jnp.asarray(_answer_tokens(tokenizer, spec, settings, vocab))
@@ -250,6 +291,8 @@ class Codec:
       token_byte_lengths=jnp.asarray(lengths),
       stop_next=jnp.asarray(stop_next),
       stop_hit=jnp.asarray(stop_hit),
+      tool_next=tool_next,
+      tool_hit=tool_hit,
       action_bytes=jnp.asarray(action_bytes),
       action_lengths=jnp.asarray([len(n) for n in names], jnp.int32),
       allowed=allowed,
@@ -267,6 +310,7 @@ class Codec:
       ),
       settings=settings,
       text_answers=spec.text_answers,
+      tools=tools,
     )
 
   # --------------------------------------------------------------------------
@@ -321,13 +365,19 @@ class Codec:
       ),
     )
 
+  @property
+  def obs_width(self) -> int:
+    """The longest observation a turn shows: the environment's, after a
+    tool's result where it has tools."""
+    return self.max_obs_tokens + (self.tools.budget if self.tools else 0)
+
   def turn_chunk_size(self, max_turns: int, max_actions: int) -> int:
     """Tokens a ``turn_chunk`` can hold: every segment at its longest."""
     f = self.fragments
     size = (
       max(len(f.end_full), len(f.end_after_stop))
       + len(f.user_start)
-      + self.max_obs_tokens
+      + self.obs_width
       + len(f.reply_start)
     )
     if self.settings.compact:
@@ -421,6 +471,13 @@ class Codec:
       The new automaton state and whether ``</answer>`` was completed.
     """
     return self.stop_next[token, state], self.stop_hit[token, state]
+
+  def tool_stop_step(
+    self, state: jax.Array, token: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
+    """Advances the ``</tool>`` automaton by one token (only where the
+    environment has tools)."""
+    return self.tool_next[token, state], self.tool_hit[token, state]
 
   # --------------------------------------------------------------------------
   # parsing
@@ -529,6 +586,7 @@ def _answer_tokens(
   ]
   if settings.enable_think:
     words += ["</think>", "<answer>"]
+  words += _tool_pieces(spec)
   mask = np.zeros(vocab, bool)
   for w in words:
     mask[tokenizer.encode(w)] = True

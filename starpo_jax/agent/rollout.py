@@ -8,6 +8,11 @@ stop token; the loop ends when every sequence has stopped), parses the
 answer and steps its environment through the parsed actions. Shapes are
 static: finished episodes are masked, never sliced.
 
+Where the environment offers tools (``envs.tools``), decoding also stops at
+``</tool>``; a reply that calls a tool does not step the environment, and
+the tool's result (run on the host, one call for the batch) opens the next
+turn's observation.
+
 Episodes come in ``env_groups`` groups of ``group_size``; members of a group
 play the same level (same reset key) with their own dynamics RNG.
 
@@ -31,8 +36,10 @@ from flax import struct
 import envs
 from envs import Env
 from envs.host import HostEnvironment
+from envs.tools import Results
 from starpo_jax import settings
 from starpo_jax.agent.codec import Codec, PromptSettings
+from starpo_jax.agent.ragged import pack
 from starpo_jax.models import sampling
 
 
@@ -123,8 +130,9 @@ class Trajectory:
   success: jax.Array  # [B] bool
   terminated: jax.Array  # [B] bool: the environment reached a terminal state
   context_truncated: jax.Array  # [B] bool: the context length ended it
+  turn_tool: jax.Array  # [B, K] bool: the turn called a tool
   env_error: jax.Array  # [B] bool: a Python environment's fault ended it
-  obs_truncated: jax.Array  # [B] int32 observations cut to their budget
+  obs_truncated: jax.Array  # [B] int32 observations (or results) cut
 
   @property
   def truncated(self) -> jax.Array:
@@ -154,6 +162,9 @@ class _Carry:
   terminated: jax.Array  # [B]
   success: jax.Array  # [B]
   context_truncated: jax.Array  # [B]
+  result: jax.Array  # [B, R] a tool's result, for the next observation
+  result_length: jax.Array  # [B] its tokens; 0: no result to show
+  results_cut: jax.Array  # [B] tool results cut to their budget
   key: jax.Array
 
 
@@ -163,6 +174,7 @@ class _Decode:
   logits: jax.Array  # [B, V] for the next token
   live: jax.Array  # [B]
   stop_state: jax.Array  # [B] "</answer>" automaton
+  tool_state: jax.Array  # [B] "</tool>" automaton (tools only)
   reply: jax.Array  # [B, T]
   count: jax.Array  # [B] tokens generated this turn
   last: jax.Array  # [B] last token generated
@@ -213,6 +225,7 @@ class _TurnRecord:
   effective: jax.Array
   penalized: jax.Array
   actions: jax.Array
+  tool: jax.Array
 
 
 def _write(buffer: jax.Array, start: jax.Array, block: jax.Array, keep):
@@ -304,6 +317,7 @@ def _start(
   _, cache = model.hidden(system[None], model.init_cache(1, width))
   zeros = jnp.zeros((b, width), jnp.int32)
   false = jnp.zeros((b,), bool)
+  results = codec.tools.budget if codec.tools else 1
   states = reset(env, cfg, k_reset)
   return _Carry(
     states=states,
@@ -323,6 +337,9 @@ def _start(
     terminated=false,
     success=false,
     context_truncated=false,
+    result=jnp.zeros((b, results), jnp.int32),
+    result_length=jnp.zeros((b,), jnp.int32),
+    results_cut=jnp.zeros((b,), jnp.int32),
     key=k_sample,
   )
 
@@ -340,6 +357,17 @@ def _prompt(
   and prefills it; the next token's logits start the decode."""
   b, length = cfg.batch, cfg.max_context
   obs = jax.vmap(codec.render)(*jax.vmap(env.render)(c.states))
+  if codec.tools is not None:
+    # The last turn's tool result, then the (unchanged) observation.
+    obs = jax.vmap(
+      lambda r, rn, o, on: pack(
+        [
+          (r, jnp.arange(r.shape[0]) < rn),
+          (o, jnp.arange(o.shape[0]) < on),
+        ],
+        codec.obs_width,
+      )
+    )(c.result, c.result_length, *obs)
   left = cfg.max_actions_per_traj - c.used
   prompt, count = jax.vmap(
     lambda o, r, w, a, e: codec.turn_chunk(
@@ -362,6 +390,7 @@ def _prompt(
       logits=model.logits(last_h)[:, 0],
       live=active,
       stop_state=zero,
+      tool_state=zero,
       reply=jnp.zeros((b, cfg.max_new_tokens), jnp.int32),
       count=zero,
       last=zero,
@@ -388,6 +417,10 @@ def _decode_token(
   ent = -jnp.sum(jnp.exp(dist) * dist, axis=-1)
   pos, live = d.cache.length, d.live
   stop_state, hit = codec.stop_step(d.stop_state, tok)
+  tool_state = d.tool_state
+  if codec.tools is not None:
+    tool_state, tool_hit = codec.tool_stop_step(d.tool_state, tok)
+    hit = hit | tool_hit
   logits, cache = model(tok[:, None], d.cache, live.astype(jnp.int32))
   stop_ids = jnp.asarray(codec.stop_ids, jnp.int32)
   stop = hit | jnp.isin(tok, stop_ids) | (cache.length >= cfg.max_context)
@@ -396,6 +429,7 @@ def _decode_token(
     logits=logits[:, 0],
     live=live & ~stop,
     stop_state=jnp.where(live, stop_state, d.stop_state),
+    tool_state=jnp.where(live, tool_state, d.tool_state),
     reply=d.reply.at[:, d.step].set(jnp.where(live, tok, 0)),
     count=d.count + live,
     last=jnp.where(live, tok, d.last),
@@ -505,6 +539,15 @@ def _host_act(
   ), t.executed
 
 
+def _call_tools(codec: Codec, d: _Decode, active: jax.Array) -> Results | None:
+  """Runs the tool calls of the turn's replies (``envs.tools``), in one
+  host call; None where the environment has no tools."""
+  if codec.tools is None:
+    return None
+  data, count = jax.vmap(codec.to_bytes)(d.reply, d.count)
+  return codec.tools(data, count, active)
+
+
 def _end_turn(
   codec: Codec,
   cfg: RolloutConfig,
@@ -515,18 +558,28 @@ def _end_turn(
   a: _Acting,
   executed: jax.Array,
   turn: jax.Array,
+  calls: Results | None,
 ) -> tuple[_Carry, _TurnRecord]:
   """The turn's reward (with the format penalty) on its last token, what
   ends the episode, and the turn's record."""
   active = p.active
+  no = jnp.zeros_like(active)
+  called = active & (calls.called if calls else no)
+  malformed = active & (calls.malformed if calls else no)
+  answered = active & ~called
   # An action name the environment does not offer in this state (the
   # bandit's arms are two of many names) is invalid, as in RAGEN, where
   # each episode's action lookup holds only what it offers: it costs the
-  # format penalty rather than passing as a free no-op.
+  # format penalty rather than passing as a free no-op. A tool call is
+  # penalized only when malformed.
   num_valid = parsed.num_valid - a.unavailable
-  penalized = active & ((num_valid == 0) | (num_valid < parsed.num_parts))
+  penalized = malformed | (
+    answered & ((num_valid == 0) | (num_valid < parsed.num_parts))
+  )
   reward = a.reward + jnp.where(penalized, cfg.format_penalty, 0.0)
   rewards = _set(c.rewards, d.cache.length - 1, reward, active & (d.count > 0))
+  # A tool's result is shown by the next turn only.
+  shown = None if calls is None else jnp.where(called, calls.length, 0)
   out_of_budget = a.used >= cfg.max_actions_per_traj
   ended = active & (a.env_done | out_of_budget | (turn == cfg.max_turns - 1))
   carry = _Carry(
@@ -541,23 +594,27 @@ def _end_turn(
     done=c.done | ended | ~p.fits,
     used=a.used,
     last_reward=jnp.where(active, reward, c.last_reward),
-    warn=active & (num_valid == 0),
+    warn=answered & (num_valid == 0),
     ended_by_stop=d.last == codec.chat_stop,
     terminated=a.terminated,
     success=a.success,
     context_truncated=p.context_truncated,
+    result=c.result if calls is None else calls.tokens,
+    result_length=c.result_length if calls is None else shown,
+    results_cut=c.results_cut + (no if calls is None else called & calls.cut),
     key=d.key,
   )
   record = _TurnRecord(
     reward=jnp.where(active, reward, 0.0),
     played=active,
     response_length=jnp.where(active, d.count, 0),
-    format_ok=active & parsed.matched,
+    format_ok=(answered & parsed.matched) | (called & ~malformed),
     thought=active & parsed.thought,
-    valid=active & (num_valid > 0) & (num_valid == parsed.num_parts),
+    valid=answered & (num_valid > 0) & (num_valid == parsed.num_parts),
     effective=active & a.effective,
     penalized=penalized,
     actions=executed.T,
+    tool=called,
   )
   return carry, record
 
@@ -574,8 +631,9 @@ def rollout(
   arguments (``env`` and ``cfg`` are static).
 
   Each turn: ``_prompt`` (render, write, prefill), ``_decode`` (sample the
-  reply), parse, ``_act`` (step the environment through the parsed
-  actions), ``_end_turn`` (reward, termination, the turn's record).
+  reply), parse, ``_call_tools`` (where the environment has tools),
+  ``_act`` (step the environment through the parsed actions),
+  ``_end_turn`` (reward, termination, the turn's record).
 
   The cache ``model.init_cache`` returns must have ``length [B]`` (tokens
   held per sequence) and ``broadcast(batch)``. ``constrain`` places
@@ -588,8 +646,11 @@ def rollout(
     p = _prompt(model, codec, env, cfg, c, turn, chunk)
     d = _decode(model, codec, cfg, turn, p.decode)
     parsed = constrain(jax.vmap(codec.parse)(d.reply, d.count))
-    a, executed = _act(env, cfg, c, parsed, p.active)
-    c, record = _end_turn(codec, cfg, c, p, d, parsed, a, executed, turn)
+    calls = _call_tools(codec, d, p.active)
+    # A reply that calls a tool does not step the environment.
+    playing = p.active if calls is None else p.active & ~calls.called
+    a, executed = _act(env, cfg, c, parsed, playing)
+    c, record = _end_turn(codec, cfg, c, p, d, parsed, a, executed, turn, calls)
     return constrain(c), record
 
   c, turns = jax.lax.scan(turn_body, carry, jnp.arange(cfg.max_turns))
@@ -613,11 +674,12 @@ def rollout(
     turn_effective=turns.effective,
     turn_penalized=turns.penalized,
     turn_actions=turns.actions,
+    turn_tool=turns.tool,
     num_actions=c.used,
     episode_return=jnp.sum(turns.reward, axis=-1),
     success=c.success & c.terminated,
     terminated=c.terminated,
     context_truncated=c.context_truncated,
     env_error=c.states.error if host else jnp.zeros_like(c.done),
-    obs_truncated=c.states.cut if host else jnp.zeros_like(c.used),
+    obs_truncated=(c.states.cut if host else 0) + c.results_cut,
   )

@@ -49,8 +49,9 @@ from starpo_jax.algo import filtering, losses
 
 def summary(traj: Trajectory, group_size: int) -> dict[str, jax.Array]:
   """Episode statistics of a rollout (scalars): success, pass@group,
-  return, actions and turns per episode, per-turn rates of valid,
-  effective and well-formed answers, and what ended episodes early."""
+  return, actions, turns and tool calls per episode, per-turn rates of
+  valid, effective and well-formed answers, and what ended episodes
+  early."""
   played = traj.turn_played
   turns = jnp.maximum(jnp.sum(played), 1)
   groups = traj.success.reshape(-1, group_size)
@@ -70,6 +71,8 @@ def summary(traj: Trajectory, group_size: int) -> dict[str, jax.Array]:
     # observations cut to their token budget, per episode.
     "env_error": jnp.mean(traj.env_error),
     "obs_truncated": jnp.mean(traj.obs_truncated),
+    # Tool calls (envs.tools) per episode.
+    "tool_calls": jnp.mean(jnp.sum(traj.turn_tool, axis=1)),
   }
 
 

@@ -145,6 +145,12 @@ def build(
       f"config.algo.minibatches={algo.minibatches} must divide the "
       f"{rollout_cfg.batch} episodes (rollout.env_groups x rollout.group_size)"
     )
+  if env.spec.tools and rollout_cfg.max_turns < 2:
+    raise ConfigError(
+      f"config.env.kwargs.tools={','.join(env.spec.tools)!r}: a tool's "
+      "result comes back in the next turn, so rollout.max_turns="
+      f"{rollout_cfg.max_turns} leaves no turn to read it; set it to 2 or more"
+    )
   prompt = rollout_cfg.prompt_settings()
   tok = _tokenizer(
     typed["model"], [env, *eval_envs.values()], prompt, shapes_only
