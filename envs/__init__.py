@@ -13,6 +13,7 @@ from envs.core import Answer, Env, EnvSpec, TimeStep, check_kwargs, to_text
 from envs.countdown import Countdown
 from envs.frozen_lake import FrozenLake
 from envs.gym_sokoban import gym_sokoban
+from envs.gymnasium_text import gymnasium_text
 from envs.host import HostEnv, HostEnvironment, HostSpec
 from envs.jumanji_text import GAMES, JumanjiText
 from envs.qa import QA
@@ -31,6 +32,8 @@ REGISTRY: dict[str, tuple[Any, dict[str, Any]]] = {
   # RAGEN's Sokoban, the gym-sokoban package, stepped on the host
   # (envs/host.py).
   "gym_sokoban": (gym_sokoban, {}),
+  # Any gymnasium environment that speaks text (envs/gymnasium_text.py).
+  "gymnasium": (gymnasium_text, {}),
   # Jumanji's puzzles as text environments (envs/jumanji_text.py).
   **{game: (JumanjiText, {"game": game}) for game in GAMES},
 }

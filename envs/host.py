@@ -73,6 +73,7 @@ class HostSpec:
       the compiled step draws each episode's level with it and ``reset``
       receives it as ``level`` (a dict of NumPy arrays), so a Python
       environment can play the very levels a jittable one does.
+    tools: tools (``envs.tools``) the agent may call before it answers.
   """
 
   name: str
@@ -85,6 +86,7 @@ class HostSpec:
   max_steps: int = 100
   timeout_s: float = 10.0
   levels: Callable[[jax.Array], dict[str, jax.Array]] | None = None
+  tools: tuple[str, ...] = ()
 
   def __post_init__(self) -> None:
     if self.max_obs_tokens < 1:
@@ -278,7 +280,10 @@ class _Slots:
           n = int(answer_lengths[i])
           raw = bytes(answers[i, :n].astype(np.uint8))
           text = raw.decode("utf-8", "replace")
-          moves, ids = [text], [0]
+          # A reply with no (or a blank) answer steps nothing, as with
+          # a jittable environment.
+          given = int(actions[i, 0]) >= 0
+          moves, ids = ([text], [0]) if given else ([], [])
         left = max(0, budget - int(used[i]))
         results[i] = {}
         thread = threading.Thread(
@@ -420,6 +425,7 @@ class HostEnvironment:
       max_steps=h.max_steps,
       text_answers=not h.action_names,
       token_observations=True,
+      tools=h.tools,
     )
 
   def with_tokenizer(

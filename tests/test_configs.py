@@ -65,14 +65,19 @@ def test_starpo_s_drops_the_kl_term_and_clips_higher():
 
 
 @pytest.mark.parametrize(
-  "name, env", [("countdown", "countdown"), ("sudoku", "sudoku_easy"),
-                ("game2048", "game2048"), ("rubiks_cube", "rubiks_cube_2x2"),
-                ("qa", "qa")],
+  "name, arg, env", [("countdown", None, "countdown"),
+                     ("sudoku", None, "sudoku_easy"),
+                     ("game2048", None, "game2048"),
+                     ("rubiks_cube", None, "rubiks_cube_2x2"),
+                     ("qa", None, "qa"),
+                     ("countdown", "tools=calculator", "countdown"),
+                     ("qa", "tools=calculator", "qa"),
+                     ("gymnasium", None, "gymnasium")],
 )  # fmt: skip
-def test_new_environment_configs_build(name, env):
+def test_new_environment_configs_build(name, arg, env):
   """Each config builds its environment, tokenizer and codec (the README's
   short runs show they train); the tiny model's context holds every turn."""
-  config = importlib.import_module(f"configs.{name}").get_config(None)
+  config = importlib.import_module(f"configs.{name}").get_config(arg)
   setup = assembly.build(config)
   assert setup.env.spec.name == env
   cfg = setup.rollout_cfg

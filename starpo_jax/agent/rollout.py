@@ -647,9 +647,9 @@ def rollout(
     d = _decode(model, codec, cfg, turn, p.decode)
     parsed = constrain(jax.vmap(codec.parse)(d.reply, d.count))
     calls = _call_tools(codec, d, p.active)
-    # A reply that calls a tool does not step the environment.
-    playing = p.active if calls is None else p.active & ~calls.called
-    a, executed = _act(env, cfg, c, parsed, playing)
+    # A reply that calls a tool has no answer (decoding stopped at
+    # "</tool>"), so it steps nothing.
+    a, executed = _act(env, cfg, c, parsed, p.active)
     c, record = _end_turn(codec, cfg, c, p, d, parsed, a, executed, turn, calls)
     return constrain(c), record
 
