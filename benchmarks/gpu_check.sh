@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything a lent GPU (one H200) is for, in one script: the tiny and the
 # Qwen2.5-0.5B rows of rollout, update and iteration at RAGEN's sizes
-# (bfloat16; JAX and PyTorch each in its own process), then the 2,000-step
+# (bfloat16; JAX and PyTorch each in its own process), gym_sokoban through
+# the host bridge beside the jittable sokoban, then the 2,000-step
 # learning run (benchmarks/gpu_learning.sh), and the Tunix side by side
 # (the peers suite) where TUNIX_WHEELS holds the wheels of
 # benchmarks/peers/tunix/requirements.txt. Writes JSON to OUT.
@@ -23,8 +24,10 @@ fi
 size=ragen
 models=(tiny qwen2.5-0.5b)
 learn=()
+repeats=5
 if [ -n "${SMOKE:-}" ]; then
   size=smoke
+  repeats=1
   models=(tiny)
   learn=(--config.sft.steps=2 --config.train.steps=2
     --config.train.eval_episodes=32)
@@ -35,6 +38,10 @@ for model in "${models[@]}"; do
     --model "$model" --size "$size" --json "$out/bench-$model.json"
   echo "gpu_check: $model rows done at $((SECONDS - start)) s"
 done
+# A Python environment through the bridge beside the jittable one.
+python -m benchmarks.host_bridge --repeats "$repeats" \
+  --json "$out/bridge.json"
+echo "gpu_check: bridge rows done at $((SECONDS - start)) s"
 if [ -n "${TUNIX_WHEELS:-}" ]; then
   # Tunix in its own environment, on the image's CUDA jax where it can.
   python -m venv --system-site-packages benchmarks/peers/tunix/.venv

@@ -149,8 +149,8 @@ def gym_sokoban(
       action_names=ACTIONS,
       pieces=like.spec.pieces,
       legend=like.spec.legend,
-      # A grid's characters and newlines, at most two tokens each.
-      max_obs_tokens=2 * rows * (cols + 1),
+      # A grid's characters and newlines.
+      max_obs_pieces=rows * (cols + 1),
       max_steps=max_steps,
       timeout_s=timeout_s,
       levels=None if levels == "gym" else functools.partial(_level, like),

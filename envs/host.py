@@ -65,7 +65,12 @@ class HostSpec:
       them as tokens; any other text still encodes byte by byte).
     legend: (symbol, meaning) pairs the system prompt explains.
     max_obs_tokens: an observation's budget in tokens; longer ones are cut
-      (and counted).
+      (and counted). The turn's prompt holds that many, so a loose budget
+      costs compute on every turn.
+    max_obs_pieces: where an observation is made of at most this many of
+      ``pieces`` (a grid's cells and newlines), its budget is fixed when
+      the tokenizer is bound: this many times the longest piece in
+      tokens, in place of ``max_obs_tokens``.
     max_steps: actions (or answers) after which an episode is truncated.
     timeout_s: the longest one episode's reset or turn may take.
     levels: optionally, a jittable function from a reset key to a dict of
@@ -83,6 +88,7 @@ class HostSpec:
   pieces: tuple[str, ...] = ()
   legend: tuple[tuple[str, str], ...] = ()
   max_obs_tokens: int = 128
+  max_obs_pieces: int = 0
   max_steps: int = 100
   timeout_s: float = 10.0
   levels: Callable[[jax.Array], dict[str, jax.Array]] | None = None
@@ -92,6 +98,11 @@ class HostSpec:
     if self.max_obs_tokens < 1:
       raise ValueError(
         f"{self.name}: max_obs_tokens={self.max_obs_tokens} must be >= 1"
+      )
+    if self.max_obs_pieces < 0 or (self.max_obs_pieces and not self.pieces):
+      raise ValueError(
+        f"{self.name}: max_obs_pieces={self.max_obs_pieces} needs pieces "
+        "to count (and must be >= 0)"
       )
     if not self.timeout_s > 0:
       raise ValueError(f"{self.name}: timeout_s={self.timeout_s} must be > 0")
@@ -432,7 +443,13 @@ class HostEnvironment:
     self, encode: Callable[[str], list[int]]
   ) -> HostEnvironment:
     """This environment with observations encoded by ``encode``."""
-    return HostEnvironment(self.host, _Slots(self.host, encode))
+    host = self.host
+    if host.max_obs_pieces:
+      longest = max(len(encode(p)) for p in host.pieces)
+      host = dataclasses.replace(
+        host, max_obs_tokens=host.max_obs_pieces * longest
+      )
+    return HostEnvironment(host, _Slots(host, encode))
 
   def _bound(self) -> _Slots:
     if self.slots is None:

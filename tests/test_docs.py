@@ -27,7 +27,7 @@ def python_blocks(path: pathlib.Path) -> list[str]:
 
 def test_the_walkthrough_runs(tmp_path):
   blocks = python_blocks(ROOT / "docs" / "adding_an_environment.md")
-  assert len(blocks) == 7
+  assert len(blocks) == 8
   script = tmp_path / "walkthrough.py"
   script.write_text("\n\n".join(blocks))
   out = subprocess.run(
@@ -45,6 +45,8 @@ def test_the_walkthrough_runs(tmp_path):
   assert (run / "metrics.jsonl").is_file()
   # And the plain-Python corridor, stepped through envs.host.
   assert (tmp_path / "runs" / "plain_corridor" / "metrics.jsonl").is_file()
+  # And the same with a tool.
+  assert (tmp_path / "runs" / "corridor_notes" / "metrics.jsonl").is_file()
 
 
 def modules() -> list[str]:
