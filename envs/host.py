@@ -20,6 +20,10 @@ observations come back as tokens of the run's tokenizer (bind it with
 costs 0.3 ms for 128 episodes on a 2-core CPU; a callback per episode
 (``vmap`` of a callback runs them one after another) cost 61 ms.
 
+On a mesh that shards the episode batch (``with_tokenizer``'s
+``batch_axes``), the calls run per shard, each in the process that holds
+it.
+
 Faults end an episode, never the run: a ``reset`` or ``step`` that raises,
 returns the wrong types, or takes longer than ``timeout_s`` ends its
 episode (recorded in ``error``); the episode's object is replaced by a
@@ -196,14 +200,16 @@ def _checked_step(result: Any) -> tuple[str, float, bool, dict[str, Any]]:
 
 
 class _Slots:
-  """The host side: one environment object per batch slot, the last error
-  of each, and the tokenizer observations go through."""
+  """The host side: one environment object per batch slot this process
+  steps, the last error of each, and the tokenizer observations go
+  through. Calls get a shard of the batch: row ``i`` is slot
+  ``offset + i``."""
 
   def __init__(self, spec: HostSpec, encode: Callable[[str], list[int]]):
     self.spec = spec
     self.encode = encode
-    self.envs: list[HostEnv | None] = []
-    self.errors: list[str | None] = []
+    self.envs: dict[int, HostEnv | None] = {}
+    self.errors: dict[int, str | None] = {}
     self.lock = threading.Lock()
 
   def _tokens(self, text: str) -> tuple[np.ndarray, int, bool]:
@@ -213,24 +219,27 @@ class _Slots:
     row[: min(len(ids), width)] = ids[:width]
     return row, min(len(ids), width), len(ids) > width
 
-  def reset(self, seeds: np.ndarray, levels: dict[str, np.ndarray] | None):
-    """Resets slot b with ``seeds[b]`` (and row b of ``levels``, if
+  def reset(
+    self,
+    offset: int,
+    seeds: np.ndarray,
+    levels: dict[str, np.ndarray] | None,
+  ):
+    """Resets row b's slot with ``seeds[b]`` (and row b of ``levels``, if
     given): observations ``[B, T]``, lengths, failed, truncated."""
     with self.lock:
       b = len(seeds)
-      while len(self.envs) < b:
-        self.envs.append(None)
-        self.errors.append(None)
       obs = np.zeros((b, self.spec.max_obs_tokens), np.int32)
       length = np.zeros((b,), np.int32)
       failed = np.zeros((b,), bool)
       cut = np.zeros((b,), bool)
       for i, seed in enumerate(seeds.tolist()):
-        self.errors[i] = None
+        slot = offset + i
+        self.errors[slot] = None
         try:
-          if self.envs[i] is None:
-            self.envs[i] = call_bounded(self.spec.make, self.spec.timeout_s)
-          env = self.envs[i]
+          if self.envs.get(slot) is None:
+            self.envs[slot] = call_bounded(self.spec.make, self.spec.timeout_s)
+          env = self.envs[slot]
           if levels is None:
             start = lambda e=env, s=seed: e.reset(s)
           else:
@@ -241,13 +250,14 @@ class _Slots:
             raise Fault(f"reset returned {type(text).__name__}, not str")
           obs[i], length[i], cut[i] = self._tokens(text)
         except Fault as e:
-          self.envs[i] = None  # a fresh object at the next reset
-          self.errors[i] = f"reset: {e}"
+          self.envs[slot] = None  # a fresh object at the next reset
+          self.errors[slot] = f"reset: {e}"
           failed[i] = True
       return obs, length, failed, cut
 
   def act(
     self,
+    offset: int,
     actions: np.ndarray,
     answers: np.ndarray,
     answer_lengths: np.ndarray,
@@ -278,7 +288,7 @@ class _Slots:
       results: dict[int, dict[str, Any]] = {}
       threads = []
       for i in np.flatnonzero(active).tolist():
-        env = self.envs[i] if i < len(self.envs) else None
+        env = self.envs.get(offset + i)
         if env is None:
           results[i] = {"fault": "no environment (its reset failed)"}
           continue
@@ -310,10 +320,12 @@ class _Slots:
         if thread.is_alive():
           results[i] = {"fault": f"no answer within {deadline:g} s"}
       for i, r in results.items():
-        self._record(i, r, out)
+        self._record(i, offset + i, r, out)
       return out
 
-  def random_play(self, seeds: np.ndarray, horizon: int) -> np.ndarray:
+  def random_play(
+    self, offset: int, seeds: np.ndarray, horizon: int
+  ) -> np.ndarray:
     """Plays each slot's episode (as reset) with up to ``horizon``
     uniformly random action names, slot b drawing from ``seeds[b]``;
     which ended in success. A fault ends the episode unsolved."""
@@ -323,7 +335,7 @@ class _Slots:
       results: dict[int, dict[str, Any]] = {}
       threads = []
       for i, seed in enumerate(seeds.tolist()):
-        env = self.envs[i] if i < len(self.envs) else None
+        env = self.envs.get(offset + i)
         if env is None:
           continue
         rng = np.random.default_rng(seed)
@@ -360,7 +372,9 @@ class _Slots:
       r["fault"] = f"{type(e).__name__}: {e}"
     r["steps"] = steps
 
-  def _record(self, i: int, r: dict[str, Any], out: dict[str, Any]) -> None:
+  def _record(
+    self, i: int, slot: int, r: dict[str, Any], out: dict[str, Any]
+  ) -> None:
     steps = r.get("steps", [])
     for k, (action, _, reward, _, info) in enumerate(steps):
       out["executed"][k, i] = action
@@ -376,8 +390,8 @@ class _Slots:
       out["terminated"][i] = done and not bool(info.get("truncated", False))
       out["done"][i] = done
     if "fault" in r:
-      self.errors[i] = f"step: {r['fault']}"
-      self.envs[i] = None
+      self.errors[slot] = f"step: {r['fault']}"
+      self.envs[slot] = None
       out["error"][i] = True
       out["done"][i] = True
 
@@ -421,6 +435,7 @@ class HostEnvironment:
 
   host: HostSpec
   slots: _Slots | None = None
+  batch_axes: tuple[str, ...] = ()
 
   @property
   def spec(self) -> EnvSpec:
@@ -440,16 +455,24 @@ class HostEnvironment:
     )
 
   def with_tokenizer(
-    self, encode: Callable[[str], list[int]]
+    self,
+    encode: Callable[[str], list[int]],
+    batch_axes: tuple[str, ...] = (),
   ) -> HostEnvironment:
-    """This environment with observations encoded by ``encode``."""
+    """This environment with observations encoded by ``encode``.
+
+    ``batch_axes``: the mesh axes the episode batch is sharded over. Traced
+    for a mesh with them (``jax.sharding.use_abstract_mesh``), each shard's
+    episodes are stepped by the process that holds the shard (one host
+    call per shard, ``shard_map``); otherwise one call steps them all.
+    """
     host = self.host
     if host.max_obs_pieces:
       longest = max(len(encode(p)) for p in host.pieces)
       host = dataclasses.replace(
         host, max_obs_tokens=host.max_obs_pieces * longest
       )
-    return HostEnvironment(host, _Slots(host, encode))
+    return HostEnvironment(host, _Slots(host, encode), tuple(batch_axes))
 
   def _bound(self) -> _Slots:
     if self.slots is None:
@@ -458,6 +481,70 @@ class HostEnvironment:
         "run's with with_tokenizer(tokenizer.encode)"
       )
     return self.slots
+
+  def _host_call(
+    self,
+    fn: Callable[..., tuple[np.ndarray, ...]],
+    outs: tuple[jax.ShapeDtypeStruct, ...],
+    batch_dims: tuple[int, ...],
+    *args: Any,
+  ) -> tuple[jax.Array, ...]:
+    """``fn(offset, *args)`` on the host, args as NumPy: ONE call for the
+    whole batch, or, traced for a mesh that shards the batch over
+    ``batch_axes``, one per shard (its rows are slots ``offset`` on), run
+    by the process holding the shard. Devices that hold a copy of a shard
+    (other mesh axes) skip the call and take the stepping device's result.
+    ``batch_dims``: each output's batch axis."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = tuple(
+      a
+      for a in self.batch_axes
+      if not mesh.empty and a in mesh.axis_names and mesh.shape[a] > 1
+    )
+    shards = math.prod(mesh.shape[a] for a in axes)
+    b = jax.tree.leaves(args)[0].shape[0]
+    on_host = lambda offset, *x: fn(int(offset), *jax.tree.map(np.asarray, x))
+    if shards == 1 or b % shards:
+      return io_callback(lambda *x: on_host(0, *x), outs, *args)
+    rows = b // shards
+    local = tuple(
+      jax.ShapeDtypeStruct((*s.shape[:d], rows, *s.shape[d + 1 :]), s.dtype)
+      for s, d in zip(outs, batch_dims, strict=True)
+    )
+    copies = tuple(
+      a for a in mesh.axis_names if a not in axes and mesh.shape[a] > 1
+    )
+
+    def one_shard(offset, lead, *x):
+      if not lead:
+        return tuple(np.zeros(s.shape, s.dtype) for s in local)
+      return on_host(offset, *x)
+
+    def body(*x):
+      offset = jax.lax.axis_index(axes) * rows
+      lead = jnp.ones((), bool)
+      for a in copies:
+        lead &= jax.lax.axis_index(a) == 0
+      got = io_callback(one_shard, local, offset, lead, *x)
+      if not copies:
+        return got
+      return tuple(
+        jax.lax.psum(g.astype(jnp.int32), copies).astype(g.dtype)
+        if g.dtype == jnp.bool_
+        else jax.lax.psum(g, copies)
+        for g in got
+      )
+
+    spec = jax.sharding.PartitionSpec(axes)
+    return jax.shard_map(
+      body,
+      mesh=mesh,
+      in_specs=jax.tree.map(lambda _: spec, args),
+      out_specs=tuple(
+        jax.sharding.PartitionSpec(*([None] * d), axes) for d in batch_dims
+      ),
+      check_vma=False,
+    )(*args)
 
   def render(self, state: HostState) -> tuple[jax.Array, jax.Array]:
     """The observation's tokens ``[max_obs_tokens]`` and how many."""
@@ -472,20 +559,19 @@ class HostEnvironment:
     levels = (
       None if self.host.levels is None else jax.vmap(self.host.levels)(keys)
     )
-    obs, length, failed, cut = io_callback(
-      lambda s, v: slots.reset(
-        np.asarray(s),
-        None if v is None else {k: np.asarray(x) for k, x in v.items()},
-      ),
-      (
-        jax.ShapeDtypeStruct((b, t), jnp.int32),
-        jax.ShapeDtypeStruct((b,), jnp.int32),
-        jax.ShapeDtypeStruct((b,), bool),
-        jax.ShapeDtypeStruct((b,), bool),
-      ),
-      seeds,
-      levels,
+    outs = (
+      jax.ShapeDtypeStruct((b, t), jnp.int32),
+      jax.ShapeDtypeStruct((b,), jnp.int32),
+      jax.ShapeDtypeStruct((b,), jnp.bool_),
+      jax.ShapeDtypeStruct((b,), jnp.bool_),
     )
+    if levels is None:
+      got = self._host_call(
+        lambda o, s: slots.reset(o, s, None), outs, (0,) * 4, seeds
+      )
+    else:
+      got = self._host_call(slots.reset, outs, (0,) * 4, seeds, levels)
+    obs, length, failed, cut = got
     return HostState(
       obs=obs,
       length=length,
@@ -516,15 +602,8 @@ class HostEnvironment:
       for dims, dtype in _TURN_FIELDS.values()
     )
 
-    def host(actions, data, lengths, active, used):
-      out = slots.act(
-        np.asarray(actions),
-        np.asarray(data),
-        np.asarray(lengths),
-        np.asarray(active),
-        np.asarray(used),
-        budget,
-      )
+    def host(offset, *args):
+      out = slots.act(offset, *args, budget)
       return tuple(out[n] for n in names)
 
     data = answer.data if answer is not None else jnp.zeros((b, 1), jnp.int32)
@@ -532,7 +611,16 @@ class HostEnvironment:
       answer.length if answer is not None else jnp.zeros((b,), jnp.int32)
     )
     live = active & ~states.error
-    got = io_callback(host, shapes, actions, data, lengths, live, used)
+    got = self._host_call(
+      host,
+      shapes,
+      tuple(1 if dims == "ab" else 0 for dims, _ in _TURN_FIELDS.values()),
+      actions,
+      data,
+      lengths,
+      live,
+      used,
+    )
     out = dict(zip(names, got, strict=True))
     stepped = out["changed"]
     error = states.error | out["error"]
@@ -569,15 +657,16 @@ class HostEnvironment:
     slots = self._bound()
     b = states.length.shape[0]
     seeds = reset_seeds(jax.random.split(key, b))
-    return (
-      io_callback(
-        lambda s: slots.random_play(np.asarray(s), horizon),
-        jax.ShapeDtypeStruct((b,), bool),
-        seeds,
-      )
-      & ~states.error
+    (won,) = self._host_call(
+      lambda o, s: (slots.random_play(o, s, horizon),),
+      (jax.ShapeDtypeStruct((b,), jnp.bool_),),
+      (0,),
+      seeds,
     )
+    return won & ~states.error
 
   def errors(self) -> Sequence[str | None]:
-    """Each slot's last fault (None where it had none), host-side."""
-    return list(self._bound().errors)
+    """Each slot's last fault (None where it had none or another process
+    steps it), host-side."""
+    errors = self._bound().errors
+    return [errors.get(i) for i in range(max(errors, default=-1) + 1)]

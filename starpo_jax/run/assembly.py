@@ -155,9 +155,12 @@ def build(
   tok = _tokenizer(
     typed["model"], [env, *eval_envs.values()], prompt, shapes_only
   )
-  # Python environments tokenize their observations on the host.
+  # Python environments tokenize their observations on the host; on a
+  # mesh, each process steps the episodes of its own batch shards.
   bind = lambda e: (
-    e.with_tokenizer(tok.encode) if isinstance(e, HostEnvironment) else e
+    e.with_tokenizer(tok.encode, sharding.BATCH)
+    if isinstance(e, HostEnvironment)
+    else e
   )
   env, eval_envs = bind(env), {n: bind(e) for n, e in eval_envs.items()}
   model_cfg = _model_config(typed["model"], tok)

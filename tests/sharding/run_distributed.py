@@ -4,10 +4,12 @@ trains two steps and prints the final metrics as JSON
 process (give it two devices: ``--xla_force_host_platform_device_count=2``),
 the reference the two processes must reproduce.
 
-  python -m tests.sharding.run_distributed PORT PROCESS_ID WORKDIR [STEPS]
+  python -m tests.sharding.run_distributed PORT PROCESS_ID WORKDIR [STEPS [ENV]]
   python -m tests.sharding.run_distributed single 0 WORKDIR
 
-STEPS (default 2) lets a test stop the pair early with a SIGTERM.
+STEPS (default 2) lets a test stop the pair early with a SIGTERM. ENV
+``gym_sokoban`` trains on the Python Sokoban instead of the bandit; the
+JSON then says which episode slots this process stepped.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import jax
 def main() -> None:
   port, process_id, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
   steps = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+  env_name = sys.argv[5] if len(sys.argv) > 5 else "bandit"
   if port != "single":
     jax.distributed.initialize(
       coordinator_address=f"localhost:{port}",
@@ -29,10 +32,25 @@ def main() -> None:
     )
   import ml_collections
 
-  from configs import bandit
+  from configs import bandit, gym_sokoban
+  from envs import host
   from starpo_jax.run import train
 
-  c = bandit.get_config("")
+  # Which slots this process's host environments were asked to step.
+  slots: set[int] = set()
+  act = host._Slots.act
+
+  def recording(self, offset, actions, *args):
+    slots.update(offset + i for i in range(len(actions)))
+    return act(self, offset, actions, *args)
+
+  host._Slots.act = recording
+  if env_name == "gym_sokoban":
+    c = gym_sokoban.get_config("levels=sokoban")
+    c.rollout.max_turns = 2
+    c.rollout.max_context = 192
+  else:
+    c = bandit.get_config("")
   # One evaluation env at one temperature: the multi-host path, compiled
   # once rather than four times.
   c.env.eval_kwargs = ml_collections.ConfigDict()
@@ -46,6 +64,8 @@ def main() -> None:
   c.train.eval_every = 2
   c.train.eval_episodes = 4
   c.train.checkpoint_every = 1
+  if env_name == "gym_sokoban":
+    c.train.eval_every = 0  # the slots stepped are the training batch's
   summary = train.run(c, workdir)
   print(
     json.dumps(
@@ -54,6 +74,7 @@ def main() -> None:
         "devices": jax.device_count(),
         "steps": summary["steps"],
         "preempted": summary["preempted"],
+        "slots": sorted(slots),
         "metrics": {
           k: v for k, v in summary["final"].items() if not k.startswith("time/")
         },
