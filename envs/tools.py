@@ -203,12 +203,14 @@ def _evaluate(node: ast.AST) -> Fraction:
 
 
 def _format(value: Fraction) -> str:
-  """An exact result: an integer, or a decimal with up to 6 places
-  (rounded; the value is otherwise exact)."""
+  """An exact result: an integer, or a decimal rounded to 6 places (half
+  to even, on the exact value, not a float)."""
   if value.denominator == 1:
     return str(value.numerator)
-  text = f"{float(value):.6f}".rstrip("0").rstrip(".")
-  return "0" if text == "-0" else text
+  millionths = round(value * 10**6)
+  whole, frac = divmod(abs(millionths), 10**6)
+  text = f"{whole}.{frac:06d}".rstrip("0").rstrip(".")
+  return "-" + text if millionths < 0 else text
 
 
 def calculate(expression: str) -> str:

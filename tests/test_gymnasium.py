@@ -190,17 +190,3 @@ def test_an_observation_that_is_not_text_ends_the_episode_with_a_message():
   states = jax.jit(lambda k: rollout.reset(env, CFG, k))(jax.random.key(0))
   assert np.asarray(states.error).all()
   assert "render_mode='ansi'" in env.errors()[0]
-
-
-def test_the_gymnasium_config_trains(tmp_path):
-  from configs import gymnasium as config
-  from starpo_jax.run import train
-
-  c = config.get_config(None)
-  c.rollout.env_groups, c.rollout.group_size = 2, 2
-  c.algo.minibatches = 1
-  c.train.steps, c.train.eval_every = 1, 0
-  summary = train.run(c, str(tmp_path))
-  assert summary["steps"] == 1
-  assert summary["final"]["rollout/env_error"] == 0.0
-  assert summary["final"]["rollout/num_turns"] > 0

@@ -214,44 +214,33 @@ def test_two_processes_agree(tmp_path):
 @pytest.mark.slow
 def test_two_processes_step_their_own_python_episodes(tmp_path):
   """gym_sokoban on a two-process mesh: each process steps the episodes
-  of its own batch shard (slots 0-3 and 4-7 of 8), and the metrics equal
-  one process stepping all eight on two devices."""
+  of its own batch shard (slots 0-3 and 4-7 of 8), and both report the
+  same metrics (the mesh test below: per-shard stepping plays what one
+  call for the batch plays)."""
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = str(s.getsockname()[1])
   env = dict(os.environ, PYTHONPATH=os.getcwd())
-  flags = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
-  runs = [
-    (port, 0, "run", env),
-    (port, 1, "run", env),
-    ("single", 0, "one", dict(env, XLA_FLAGS=flags)),
-  ]
   procs = [
     subprocess.Popen(
-      [sys.executable, "-m", "tests.sharding.run_distributed", first, str(i),
-       str(tmp_path / workdir), "2", "gym_sokoban"],
-      env=process_env,
+      [sys.executable, "-m", "tests.sharding.run_distributed", port, str(i),
+       str(tmp_path / "run"), "2", "gym_sokoban"],
+      env=env,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
     )
-    for first, i, workdir, process_env in runs
+    for i in range(2)
   ]  # fmt: skip
   outs = [p.communicate(timeout=900) for p in procs]
   for p, (_, err) in zip(procs, outs, strict=True):
     assert p.returncode == 0, err[-4000:]
   results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-  assert [r["slots"] for r in results] == [
-    [0, 1, 2, 3],
-    [4, 5, 6, 7],
-    list(range(8)),
-  ]
+  assert [r["slots"] for r in results] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  assert [r["steps"] for r in results] == [2, 2]
   assert results[0]["metrics"] == results[1]["metrics"]
-  for name, value in results[2]["metrics"].items():
-    np.testing.assert_allclose(
-      results[0]["metrics"][name], value, rtol=1e-5, atol=1e-6, err_msg=name
-    )
   assert results[0]["metrics"]["rollout/env_error"] == 0.0
+  assert results[0]["metrics"]["rollout/num_turns"] > 0
 
 
 def test_python_episodes_are_stepped_per_batch_shard_on_a_mesh():

@@ -73,7 +73,7 @@ FRAGMENTS = [
 ]
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=1200, deadline=None)
 @given(st.lists(st.sampled_from(FRAGMENTS), max_size=14))
 def test_call_parsing_matches_a_regex_reference(parts):
   text = "".join(parts)
@@ -126,9 +126,19 @@ OPS = {
 }
 
 
+LIMIT = 10**15  # the calculator's bound on integer parts and denominators
+
+
+def _checked(value: Fraction) -> Fraction | str:
+  if abs(value) > LIMIT or value.denominator > LIMIT:
+    return "number too large"
+  return value
+
+
 @st.composite
 def expressions(draw, depth=3):
-  """(text, exact value or None where it divides by zero)."""
+  """(text, its exact value or the first error met evaluating it left to
+  right: "division by zero", "number too large")."""
   if depth == 0 or draw(st.booleans()):
     n = draw(st.integers(0, 999))
     return str(n), Fraction(n)
@@ -137,13 +147,17 @@ def expressions(draw, depth=3):
     draw(expressions(depth - 1)),
     draw(expressions(depth - 1)),
   )
-  if lv is None or rv is None or (op == "/" and rv == 0):
-    value = None
+  if isinstance(lv, str):
+    value = lv
+  elif isinstance(rv, str):
+    value = rv
+  elif op == "/" and rv == 0:
+    value = "division by zero"
   else:
-    value = OPS[op](lv, rv)
+    value = _checked(OPS[op](lv, rv))
   text = f"({lt} {op} {rt})" if draw(st.booleans()) else f"(({lt}){op}({rt}))"
-  if draw(st.booleans()) and value is not None:
-    text, value = f"-{text}", -value
+  if draw(st.booleans()):
+    text, value = f"-{text}", value if isinstance(value, str) else -value
   return text, value
 
 
@@ -159,12 +173,12 @@ def spelled(value: Fraction) -> str:
   return "0" if text in ("-0", "0") else text
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(expressions())
 def test_calculator_matches_exact_arithmetic(expr):
   text, value = expr
-  if value is None:
-    with pytest.raises(tools.ToolError, match="division by zero"):
+  if isinstance(value, str):
+    with pytest.raises(tools.ToolError, match=value):
       tools.calculate(text)
   else:
     assert tools.calculate(text) == spelled(value), text
@@ -202,6 +216,8 @@ def test_calculator_examples():
   assert tools.calculate("0.1 + 0.2") == "0.3"
   assert tools.calculate("2 ** 10 - -1") == "1025"
   assert tools.calculate("1 / 3") == "0.333333"
+  assert tools.calculate("-2 / 3") == "-0.666667"
+  assert tools.calculate("8618515660.8 * 1") == "8618515660.8"
 
 
 # ---------------------------------------------------------------------------
@@ -284,14 +300,13 @@ def test_unknown_tools_and_bad_settings_are_named():
 # Tool turns in the compiled rollout
 
 
-@pytest.mark.parametrize("tok_name", sorted(TOKENIZERS))
-def test_tool_turns_show_results_and_do_not_step_the_environment(tok_name):
+def test_tool_turns_show_results_and_do_not_step_the_environment():
   """Scripted Countdown replies: calls (one, two, failing, malformed, of an
   unknown tool) before an answer. Decoding stops at ``</tool>``; the
   result opens the next observation; the environment is stepped by the
   answer only; a malformed call costs the format penalty; the step
   compiles once."""
-  tok = TOKENIZERS[tok_name]()
+  tok = TOKENIZERS["bpe"]()
   cfg = dataclasses.replace(
     CFG, max_turns=3, max_actions_per_turn=1, max_actions_per_traj=1
   )

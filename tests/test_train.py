@@ -66,6 +66,19 @@ def test_wrongly_typed_config_value_is_rejected_by_name(tmp_path):
   assert "group_size" in result.stderr
 
 
+def test_a_setting_that_cannot_work_says_so_without_a_traceback(tmp_path):
+  result = subprocess.run(
+    main_cmd(tmp_path, "--config.algo.minibatches=3"),
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 2
+  assert result.stderr.startswith("error: config.algo.minibatches=3"), (
+    result.stderr
+  )
+  assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize(
   "section, name, value, message",
   [

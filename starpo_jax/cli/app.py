@@ -1,5 +1,7 @@
 """What the absl commands share: ``--help`` (or ``-h``) prints the
-command's usage and its flags and exits 0 (absl's own exits 1)."""
+command's usage and its flags and exits 0 (absl's own exits 1); a setting
+that cannot work (``ConfigError``) prints its message, not a traceback,
+and exits 2."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from absl import app, flags
+
+from starpo_jax.run.assembly import ConfigError
 
 HELP = ("--help", "-h", "--helpshort")
 
@@ -21,4 +25,12 @@ def run(main: Callable[[list[str]], None], required: Sequence[str]) -> None:
     app.usage(shorthelp=True, writeto_stdout=True)
     sys.exit(0)
   flags.mark_flags_as_required(list(required))
-  app.run(main)
+
+  def checked(argv: list[str]) -> None:
+    try:
+      main(argv)
+    except ConfigError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+
+  app.run(checked)
