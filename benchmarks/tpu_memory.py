@@ -66,6 +66,9 @@ def compile_row(
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
       tail = out.stderr.strip().splitlines()[-3:]
+      if out.returncode < 0:
+        # Killed: SIGKILL is most often the kernel out of host memory.
+        tail.append(f"killed by signal {-out.returncode}")
       row = {"model": model, "slice": slice_name, "error": " | ".join(tail)}
     else:
       with open(report) as f:
