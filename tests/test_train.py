@@ -66,6 +66,21 @@ def test_wrongly_typed_config_value_is_rejected_by_name(tmp_path):
   assert "group_size" in result.stderr
 
 
+def test_a_run_does_not_import_pytorch_for_its_tensorboard_writer():
+  """tensorboardX would import torch at import (seconds of every run's
+  start); the writer hides it, and torch still imports after."""
+  code = (
+    "import sys; import starpo_jax.run.metrics as m; "
+    "assert 'torch' not in sys.modules, 'torch imported'; "
+    "import torch; print(m.SummaryWriter.__name__)"
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == "SummaryWriter"
+
+
 def test_a_setting_that_cannot_work_says_so_without_a_traceback(tmp_path):
   result = subprocess.run(
     main_cmd(tmp_path, "--config.algo.minibatches=3"),
