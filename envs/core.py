@@ -87,7 +87,9 @@ class EnvSpec:
       action names: ``step`` takes an ``Answer`` instead of an action id,
       and the environment has ``random_answer(state, key) -> Answer``, a
       well-formed answer that ignores what it is asked (the baseline a
-      policy must beat).
+      policy must beat); optionally ``solution(state)``, a correct answer
+      as ids into ``answer_pieces`` (``-1`` after its end), which the warm
+      start imitates.
     answer_pieces: for a text-answer environment, the strings answers are
       made of (a vocabulary restricted to answers allows them).
     token_observations: ``render`` returns token ids of the run's

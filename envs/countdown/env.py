@@ -30,7 +30,7 @@ from flax import struct
 
 from envs import core, render
 from envs import tools as tools_lib
-from envs.countdown import constants, expression
+from envs.countdown import constants, expression, solver
 
 
 @struct.dataclass
@@ -40,6 +40,11 @@ class State:
   target: jax.Array  # [] int32
   answered: jax.Array  # [] bool
   solved: jax.Array  # [] bool
+  # A solution: generated problems keep the signs they were drawn with
+  # ([max_numbers] +1/-1, 0 after `count`; zeros for a file's problem);
+  # a file's problem keeps its row (-1 when generated).
+  signs: jax.Array
+  row: jax.Array
   key: jax.Array  # unused by the dynamics (they are deterministic)
 
 
@@ -88,6 +93,7 @@ class Countdown:
         f"max_numbers={max_numbers}"
       )
     self.problems = _load(problems, max_numbers) if problems else None
+    self._solution_table: np.ndarray | None = None
     if self.problems is not None:
       max_number = int(self.problems[0].max())
       max_target = int(self.problems[1].max())
@@ -122,13 +128,15 @@ class Countdown:
   def reset(self, key: jax.Array) -> tuple[State, core.TimeStep]:
     k_problem, k_dynamics = jax.random.split(key)
     if self.problems is None:
-      nums, count, target = self._generate(k_problem)
+      nums, signs, count, target = self._generate(k_problem)
+      row = jnp.full((), -1, jnp.int32)
     else:
       table_nums, table_target, table_count = (
         jnp.asarray(a) for a in self.problems
       )
-      i = jax.random.randint(k_problem, (), 0, table_target.shape[0])
-      nums, count, target = table_nums[i], table_count[i], table_target[i]
+      row = jax.random.randint(k_problem, (), 0, table_target.shape[0])
+      nums, count, target = table_nums[row], table_count[row], table_target[row]
+      signs = jnp.zeros_like(nums)
     false = jnp.zeros((), bool)
     state = State(
       nums=nums,
@@ -136,6 +144,8 @@ class Countdown:
       target=target,
       answered=false,
       solved=false,
+      signs=signs,
+      row=row,
       key=k_dynamics,
     )
     return state, core.TimeStep.first()
@@ -154,7 +164,8 @@ class Countdown:
       nums = jax.random.randint(k_nums, (m,), 1, self.max_number + 1)
       nums = jnp.where(live, nums, 0)
       signs = jnp.where(jax.random.bernoulli(k_signs, 0.5, (m,)), 1, -1)
-      return nums, count, jnp.sum(signs * nums)
+      signs = jnp.where(live, signs, 0)
+      return nums, signs, count, jnp.sum(signs * nums)
 
     def redraw(carry):
       key, *_ = carry
@@ -165,10 +176,15 @@ class Countdown:
       target = carry[-1]
       return (target < 1) | (target > self.max_target)
 
-    _, nums, count, target = jax.lax.while_loop(
-      bad, redraw, redraw((key, None, None, None))
+    _, nums, signs, count, target = jax.lax.while_loop(
+      bad, redraw, redraw((key, None, None, None, None))
     )
-    return nums.astype(jnp.int32), count.astype(jnp.int32), target
+    return (
+      nums.astype(jnp.int32),
+      signs.astype(jnp.int32),
+      count.astype(jnp.int32),
+      target,
+    )
 
   def step(
     self, state: State, answer: core.Answer
@@ -224,6 +240,47 @@ class Countdown:
     data, length = render.pack([(ids, keep.reshape(-1))], self.max_answer_bytes)
     return core.Answer(data=data, length=length)
 
+  def solution(self, state: State) -> jax.Array:
+    """A correct answer as ids into ``spec.answer_pieces``, ``-1`` after
+    its end: a generated problem's numbers with the signs they were drawn
+    with, added ones first (``"12 + 7 - 3"``); a file's problem solved on
+    the host (``envs.countdown.solver``) the first time this is traced."""
+    if self.problems is not None:
+      return jnp.asarray(self._solutions())[state.row]
+    m, width = self.max_numbers, self._number_width
+    live = jnp.arange(m) < state.count
+    order = jnp.argsort(jnp.where(live, jnp.where(state.signs > 0, 0, 1), 2))
+    signs = state.signs[order]
+    piece = {p: i for i, p in enumerate(constants.ALPHABET)}
+    n_ids, n_keep = render.number(state.nums[order], np.arange(10), width)
+    op = jnp.where(signs > 0, piece[" + "], piece[" - "])[:, None]
+    op_keep = ((jnp.arange(m) > 0) & live)[:, None]
+    ids = jnp.concatenate([op, n_ids], axis=1).reshape(-1)
+    keep = jnp.concatenate([op_keep, n_keep & live[:, None]], axis=1)
+    out, n = render.pack([(ids, keep.reshape(-1))], m * (width + 1))
+    return jnp.where(jnp.arange(out.shape[0]) < n, out, -1)
+
+  def _solutions(self) -> np.ndarray:
+    """Each file problem's solution as answer piece ids ``[P, W]``."""
+    if self._solution_table is None:
+      nums, targets, counts = self.problems
+      rows = []
+      for values, target, count in zip(nums, targets, counts, strict=True):
+        values = [int(v) for v in values[:count]]
+        text = solver.solve(values, int(target))
+        if text is None:
+          raise ValueError(
+            f"countdown: problem target={int(target)}, nums={values} has no "
+            "solution with + - * /; the warm start (sft.expert='planner') "
+            "imitates one for every problem: remove it from the file"
+          )
+        rows.append(_answer_pieces(text))
+      table = np.full((len(rows), max(map(len, rows))), -1, np.int32)
+      for i, ids in enumerate(rows):
+        table[i, : len(ids)] = ids
+      self._solution_table = table
+    return self._solution_table
+
   def render(self, state: State) -> tuple[jax.Array, jax.Array]:
     t_ids, t_keep = render.number(
       state.target, self._digits, self._target_width
@@ -247,6 +304,17 @@ class Countdown:
       ],
       self.spec.max_obs_pieces,
     )
+
+
+def _answer_pieces(text: str) -> list[int]:
+  """``text`` as ids into the answer alphabet, longest piece first."""
+  pieces = sorted(enumerate(constants.ALPHABET), key=lambda p: -len(p[1]))
+  ids, at = [], 0
+  while at < len(text):
+    i, piece = next(p for p in pieces if text.startswith(p[1], at))
+    ids.append(i)
+    at += len(piece)
+  return ids
 
 
 def _load(path: str, max_numbers: int) -> tuple[np.ndarray, ...]:

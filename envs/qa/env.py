@@ -90,6 +90,11 @@ class QA:
       self._labels[i, : len(a)] = np.frombuffer(a, np.uint8)
     self._label_lengths = np.asarray([len(a) for a in labels], np.int32)
     self.num_questions = len(labels)
+    answer_pieces = tuple(sorted(set("".join(data.answers))))
+    piece = {p: i for i, p in enumerate(answer_pieces)}
+    self._answer_ids = np.full((len(labels), width), -1, np.int32)
+    for i, a in enumerate(data.answers):
+      self._answer_ids[i, : len(a)] = [piece[c] for c in a]
     self.spec = core.EnvSpec(
       name="qa",
       pieces=table.pieces,
@@ -100,7 +105,7 @@ class QA:
       max_obs_pieces=1,
       max_steps=turns,
       text_answers=True,
-      answer_pieces=tuple(sorted(set("".join(data.answers)))),
+      answer_pieces=answer_pieces,
       tools=tools_lib.names(tools),
     )
 
@@ -159,6 +164,11 @@ class QA:
       data=jnp.asarray(self._labels, jnp.int32)[i],
       length=jnp.asarray(self._label_lengths)[i],
     )
+
+  def solution(self, state: State) -> jax.Array:
+    """The dataset's answer as ids into ``spec.answer_pieces``, ``-1``
+    after its end."""
+    return jnp.asarray(self._answer_ids)[state.question]
 
   def render(self, state: State) -> tuple[jax.Array, jax.Array]:
     piece = jnp.where(

@@ -17,7 +17,7 @@ import pytest
 
 import envs
 from envs import core
-from envs.countdown import Countdown, expression
+from envs.countdown import Countdown, expression, solver
 from reference import countdown as ref
 from tests.envs.conftest import to_numpy
 from tests.helpers import assert_compiles_once
@@ -144,6 +144,80 @@ def test_every_generated_problem_has_a_solution():
     assert 1 <= target <= env.max_target and all(1 <= v <= 99 for v in nums)
     assert ref.solve(nums, target) is not None, (target, nums)
   assert counts == {3, 4}
+
+
+def spelled(env, ids) -> str:
+  return "".join(env.spec.answer_pieces[i] for i in np.asarray(ids) if i >= 0)
+
+
+@pytest.mark.parametrize(
+  "settings",
+  [{}, dict(min_numbers=2, max_numbers=5, max_number=9, max_target=30)],
+)
+def test_generated_solutions_reach_the_target_with_exactly_the_numbers(
+  settings,
+):
+  env = envs.make("countdown", **settings)
+  keys = jax.random.split(jax.random.key(5), 512)
+  states, _ = jax.jit(jax.vmap(env.reset))(keys)
+  solutions = np.asarray(jax.jit(jax.vmap(env.solution))(states))
+  assert solutions.dtype == np.int32 and solutions.min() >= -1
+  for i in range(512):
+    target, nums = problem(states, i)
+    text = spelled(env, solutions[i])
+    # Read back by Python's parser in exact fractions.
+    got = ref.evaluate(text.encode())
+    assert got.value == Fraction(target), (text, target, nums)
+    assert sorted(got.numbers) == sorted(nums), (text, nums)
+    assert not text.startswith((" ", "-")), text
+    assert ref.reward(text.encode(), target, nums) == 1.0
+
+
+def test_file_problems_are_solved_on_the_host_and_unsolvable_ones_named(
+  tmp_path,
+):
+  rows = [
+    {"target": 24, "nums": [2, 4, 5, 6]},  # needs * (no signed sum)
+    {"target": 4, "nums": [10, 2, 3]},  # needs /
+    {"target": 7, "nums": [3, 4]},
+    {"target": 24, "nums": [3, 3, 8, 8]},  # 8/(3 - 8/3)
+  ]
+  path = tmp_path / "set.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in rows))
+  env = envs.make("countdown", problems=str(path))
+  keys = jax.random.split(jax.random.key(0), 64)
+  states, _ = jax.jit(jax.vmap(env.reset))(keys)
+  solutions = np.asarray(jax.jit(jax.vmap(env.solution))(states))
+  seen = set()
+  for i in range(64):
+    target, nums = problem(states, i)
+    text = spelled(env, solutions[i])
+    assert ref.reward(text.encode(), target, nums) == 1.0, (text, nums)
+    seen.add(text)
+  assert len(seen) == 4 and "7" not in seen
+  path.write_text(json.dumps({"target": 5, "nums": [1, 1]}))
+  env = envs.make("countdown", problems=str(path))
+  states, _ = jax.vmap(env.reset)(keys[:2])
+  with pytest.raises(ValueError, match=r"target=5, nums=\[1, 1\] has no"):
+    jax.vmap(env.solution)(states)
+
+
+def test_the_host_solver_finds_a_solution_exactly_when_one_exists():
+  rng = random.Random(0)
+  found = 0
+  for _ in range(400):
+    nums = [rng.randint(1, 12) for _ in range(rng.randint(1, 4))]
+    target = rng.randint(0, 40)
+    text = solver.solve(nums, target)
+    assert (text is None) == (ref.solve(nums, target) is None), (nums, target)
+    if text is not None:
+      found += 1
+      got = ref.evaluate(text.encode())
+      assert got.value == target and sorted(got.numbers) == sorted(nums)
+  assert 80 < found < 320
+  # The generator's family first, spelled as it spells it.
+  assert solver.solve([3, 10], 7) == "10 - 3"
+  assert solver.solve([2, 4, 5, 6], 24) == "5*6 - (2 + 4)"
 
 
 def test_observation_is_ragens_text():
