@@ -10,8 +10,10 @@ import jax
 import numpy as np
 import pytest
 
-from configs import bandit, frozen_lake, sokoban
+from configs import bandit, countdown, frozen_lake, qa, sokoban
+from envs.qa import dataset
 from envs.sokoban import solve
+from reference import countdown as ref_countdown
 from reference import envs as ref
 from reference import text as ref_text
 from starpo_jax.agent import rollout
@@ -39,7 +41,7 @@ def expert_run(name: str):
   module = {"sokoban": sokoban, "frozen_lake": frozen_lake}[name]
   setup = assembly.build(small(module.get_config(None), **{"sft.max_turns": 5}))
   cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
-  replies = sft.Replies.build(setup.tokenizer, setup.env.spec.action_names)
+  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
   key = jax.random.key(7)
   traj = jax.jit(
     lambda codec, key: sft.expert_trajectories(
@@ -152,7 +154,7 @@ def test_impossible_warm_starts_are_refused_before_compiling(change, message):
 
 def test_script_spells_a_plan_turn_by_turn():
   setup, *_ = expert_run("sokoban")
-  replies = sft.Replies.build(setup.tokenizer, setup.env.spec.action_names)
+  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
   plan = np.asarray([3, 0, 2, -1, -1, -1], np.int32)
   script = np.asarray(replies.script(plan, 2, 3))
   text = setup.tokenizer.decode(script[script > 0])
@@ -165,7 +167,7 @@ def test_random_valid_demonstrations_name_only_offered_arms():
   c.sft.episodes = 128
   setup = assembly.build(c)
   cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
-  replies = sft.Replies.build(setup.tokenizer, setup.env.spec.action_names)
+  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
   traj = jax.jit(
     lambda codec, key: sft.expert_trajectories(
       setup.env, codec, replies, cfg, key, expert="random_valid"
@@ -175,3 +177,140 @@ def test_random_valid_demonstrations_name_only_offered_arms():
   # risky one about half the time.
   assert np.asarray(traj.turn_valid)[:, 0].all()
   assert 0.35 < float(np.mean(traj.success)) < 0.65
+
+
+@pytest.mark.parametrize("name", ["countdown", "qa"])
+def test_free_text_warm_start_spells_the_environments_solution(name):
+  module = {"countdown": countdown, "qa": qa}[name]
+  setup = assembly.build(small(module.get_config(None)))
+  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
+  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
+  key = jax.random.key(11)
+  traj = to_numpy(
+    jax.jit(
+      lambda codec, key: sft.expert_trajectories(
+        setup.env, codec, replies, cfg, key
+      )
+    )(setup.codec, key)
+  )
+  states = to_numpy(rollout.reset(setup.env, cfg, rollout.reset_key(key)))
+  if name == "qa":
+    kw = setup.config.env.kwargs
+    answers = dataset.load(kw.source, kw.split, "", "", "").answers
+  for b in range(EPISODES):
+    (reply,) = replies_of(traj, setup.tokenizer, b)
+    assert reply.endswith("</answer>"), reply
+    text = reply.removesuffix("</answer>")
+    if name == "countdown":
+      # Scored by RAGEN's rules in exact fractions.
+      nums = [int(v) for v in states.nums[b, : int(states.count[b])]]
+      target = int(states.target[b])
+      assert ref_countdown.reward(text.encode(), target, nums) == 1.0
+    else:
+      assert text == answers[int(states.question[b])]
+    assert bool(traj.success[b]) and traj.rewards[b].sum() > 0
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    ({"sft.expert": "random_valid"}, "free-text answers"),
+    ({"rollout.max_new_tokens": 6}, "an answer of 12 pieces"),
+  ],
+)
+def test_impossible_free_text_warm_starts_are_named(change, message):
+  c = small(countdown.get_config(None), **change)
+  with pytest.raises(assembly.ConfigError, match=message):
+    assembly.build(c)
+
+
+def world_model_run(steps: int = 0):
+  c = small(
+    sokoban.get_config(None),
+    **{"sft.expert": "world_model", "sft.max_turns": 3},
+  )
+  c.sft.steps = max(steps, 1)
+  return assembly.build(c)
+
+
+def test_world_model_targets_are_the_environments_next_observations():
+  setup = world_model_run()
+  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
+  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
+  key = jax.random.key(5)
+  traj = to_numpy(
+    jax.jit(
+      lambda codec, key: sft.expert_trajectories(
+        setup.env, codec, replies, cfg, key, expert="world_model"
+      )
+    )(setup.codec, key)
+  )
+  states = to_numpy(rollout.reset(setup.env, cfg, rollout.reset_key(key)))
+  names = setup.env.spec.action_names
+  later = 0
+  for b in range(EPISODES):
+    peer = peer_of("sokoban", setup.env, index(states, b))
+    tok, turns = traj.tokens[b], traj.turn_ids[b]
+    for k, reply in enumerate(replies_of(traj, setup.tokenizer, b)):
+      shown = setup.tokenizer.decode(tok[(turns == k) & ~traj.loss_mask[b]])
+      # The prompt shows the board the reference rules reach by replaying
+      # the replies before it (read back with RAGEN's grammar).
+      assert peer.text("grid") in shown, (b, k, shown)
+      later += k > 0
+      _, actions = ref_text.parse(
+        ("<answer>" + reply).encode(),
+        think=False,
+        markers=(),
+        max_actions=cfg.max_actions_per_turn,
+        action_names=names,
+      )
+      for a in actions:
+        peer.step(a)
+  assert later >= EPISODES  # most episodes show two later boards
+
+
+def test_world_model_warm_start_learns_to_predict_the_next_observation():
+  setup = world_model_run(steps=12)
+  learner = assembly.make_learner(setup)
+  state = assembly.init_state(setup, learner)
+  step = assembly.compile_sft_step(setup, state, learner)
+  probs = []
+  for _ in range(12):
+    state, metrics = step(state, setup.codec)
+    probs.append(float(metrics["sft/next_obs_prob"]))
+  assert "sft/next_obs_exact" in metrics
+  assert np.mean(probs[-3:]) > 3 * np.mean(probs[:3]), probs
+
+
+def test_keeping_successes_imitates_only_the_episodes_that_succeeded():
+  c = small(
+    frozen_lake.get_config(None),
+    **{"sft.expert": "random_valid", "sft.keep": "successes"},
+  )
+  setup = assembly.build(c)
+  learner = assembly.make_learner(setup)
+  params = assembly.init_state(setup, learner).policy
+  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
+  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
+  traj = jax.jit(
+    lambda codec, key: sft.expert_trajectories(
+      setup.env, codec, replies, cfg, key, expert="random_valid"
+    )
+  )(setup.codec, jax.random.key(2))
+  won = np.flatnonzero(np.asarray(traj.success))
+  assert 0 < len(won) < EPISODES
+  loss = lambda t, keep: sft.imitation_loss(
+    params,
+    learner.policy_def,
+    t,
+    cfg.max_generated,
+    setup.rollout_cfg.temperature,
+    setup.codec.allowed,
+    setup.algo.logits_chunk,
+    keep,
+  )[0]
+  kept = loss(traj, traj.success)
+  # The same as the loss over the winning episodes alone.
+  alone = jax.tree.map(lambda x: x[won], traj)
+  np.testing.assert_allclose(kept, loss(alone, alone.success), rtol=1e-5)
+  assert abs(float(kept) - float(loss(traj, traj.length > 0))) > 1e-4

@@ -6,10 +6,19 @@ environment's breadth-first planner (``env.plan``) for a shortest solution
 of each (or, ``expert="random_valid"``, draws random valid actions), and
 lets a scripted policy spell it out as replies
 (``max_actions_per_turn`` actions a turn, ``" || "`` between them, closed by
-``</answer>``) while the real rollout plays them. The tokens are therefore
+``</answer>``) while the real rollout plays them. An environment with
+free-text answers gives its solution instead (``env.solution``: Countdown's
+expression, QA's answer), spelled piece by piece from its answer alphabet
+in the first turn's reply. The tokens are therefore
 exactly those an RL rollout would hold for those replies, prompts and
 rewards included. The policy is trained by cross-entropy on the reply
 tokens, under the temperature and allowed-token mask it samples with.
+
+``expert="world_model"`` needs no solution (SPA, arXiv 2510.15047, on
+RAGEN): a random valid player's episodes of ``max_turns`` turns, and the
+policy learns the environment's dynamics by predicting every later turn's
+prompt (the observation after its actions) from what came before, besides
+the random replies themselves (the answer format and what is valid).
 
 In the driver the SFT steps come first (``config.sft.steps``); the RL steps
 follow from the policy they leave, with a fresh optimizer state.
@@ -27,6 +36,7 @@ import optax
 from flax import nnx, struct
 
 from envs import Env, planning
+from envs.core import EnvSpec
 from envs.host import HostEnvironment
 from starpo_jax import settings, sharding
 from starpo_jax.agent import rollout as rollout_lib
@@ -34,12 +44,16 @@ from starpo_jax.agent.codec import Codec
 from starpo_jax.agent.parse import ANSWER_CLOSE
 from starpo_jax.agent.ragged import pack
 from starpo_jax.agent.rollout import RolloutConfig, Trajectory
-from starpo_jax.algo.logprobs import pack_generated, sequence_logprobs
+from starpo_jax.algo.logprobs import (
+  generated_positions,
+  pack_generated,
+  sequence_logprobs,
+)
 from starpo_jax.algo.state import TrainState
 from starpo_jax.algo.update import apply_gradients
 from starpo_jax.models.tokenizer import Tokenizer
 
-Expert = Literal["planner", "random_valid"]
+Expert = Literal["planner", "random_valid", "world_model"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +77,13 @@ class SftConfig:
   # "planner": shortest solutions (env.plan). "random_valid": uniformly
   # random valid actions, which teach the answer format and what is valid
   # in a state (the bandit's two offered arm names) but nothing of what is
-  # good, leaving that to RL.
+  # good, leaving that to RL. "world_model": random valid episodes of
+  # max_turns (>= 2) turns, learning to predict each next observation.
   expert: Expert = "planner"
+  # Whose replies are imitated: every expert episode's, or only those that
+  # succeeded (random valid play filtered by the environment's own success:
+  # no planner needed). The world model predicts observations of all.
+  keep: Literal["all", "successes"] = "all"
 
   def __post_init__(self) -> None:
     settings.check(self, "sft")
@@ -76,6 +95,11 @@ class SftConfig:
         raise ValueError(f"sft: {name} must be >= 1")
     if self.lr <= 0:
       raise ValueError(f"sft: lr={self.lr} must be positive")
+    if self.expert == "world_model" and self.max_turns < 2:
+      raise ValueError(
+        "sft: expert='world_model' predicts the next turn's observation; "
+        f"max_turns={self.max_turns} leaves none (set sft.max_turns >= 2)"
+      )
 
 
 @struct.dataclass
@@ -141,15 +165,20 @@ class Replies:
   close: jax.Array  # [C] int32
 
   @classmethod
-  def build(cls, tokenizer: Tokenizer, action_names: tuple[str, ...]):
-    if not action_names:
+  def build(cls, tokenizer: Tokenizer, spec: EnvSpec):
+    """Action names, ``" || "`` between them; or, for free-text answers,
+    the answer alphabet's pieces, nothing between them."""
+    names = spec.answer_pieces if spec.text_answers else spec.action_names
+    if not names:
       raise ValueError(
-        "sft: the environment takes free-text answers, and the warm start "
-        "imitates action names; set sft.steps=0"
+        f"sft: environment {spec.name!r} names neither actions nor the "
+        "pieces its answers are made of (spec.answer_pieces); set "
+        "sft.steps=0"
       )
+    sep = "" if spec.text_answers else " || "
     spell = lambda texts: [tokenizer.encode(t) for t in texts]
-    first = spell(action_names)
-    later = spell([f" || {name}" for name in action_names])
+    first = spell(names)
+    later = spell([f"{sep}{name}" for name in names])
     width = max(len(ids) for ids in first + later)
 
     def table(rows):
@@ -209,6 +238,12 @@ def episodes_config(
   )
 
 
+def solution_width(env: Env) -> int:
+  """How many answer pieces ``env.solution`` returns."""
+  state = jax.eval_shape(lambda: env.reset(jax.random.key(0))[0])
+  return jax.eval_shape(env.solution, state).shape[0]
+
+
 def check(
   env: Env, rollout_cfg: RolloutConfig, replies: Replies, expert: str
 ) -> None:
@@ -220,9 +255,22 @@ def check(
       "environments only: set sft.steps=0, or warm start on a jittable "
       "environment and start from that run with train.init_from"
     )
-  if expert == "planner" and not hasattr(env, "plan"):
+  name = env.spec.name
+  if env.spec.text_answers:
+    if expert != "planner":
+      raise ValueError(
+        f"sft: {name!r} takes free-text answers; sft.expert={expert!r} "
+        "plays actions: use sft.expert='planner' (the environment's "
+        "solution)"
+      )
+    if not hasattr(env, "solution"):
+      raise ValueError(
+        f"sft: environment {name!r} takes free-text answers and has no "
+        "solution (env.solution) to imitate; set sft.steps=0"
+      )
+  elif expert == "planner" and not hasattr(env, "plan"):
     raise ValueError(
-      f"sft: environment {env.spec.name!r} has no planner (env.plan) to "
+      f"sft: environment {name!r} has no planner (env.plan) to "
       "imitate; sft.expert='random_valid' imitates valid play"
     )
   if rollout_cfg.enable_think:
@@ -230,11 +278,16 @@ def check(
       "sft: imitation needs rollout.enable_think=False (the planner gives "
       "actions, not reasoning to imitate)"
     )
-  actions = rollout_cfg.max_actions_per_turn
-  need, budget = replies.turn_tokens(actions), rollout_cfg.max_new_tokens
+  if env.spec.text_answers:
+    pieces = solution_width(env)
+    need, what = replies.turn_tokens(pieces), f"an answer of {pieces} pieces"
+  else:
+    actions = rollout_cfg.max_actions_per_turn
+    need, what = replies.turn_tokens(actions), f"a reply of {actions} actions"
+  budget = rollout_cfg.max_new_tokens
   if need > budget:
     raise ValueError(
-      f"sft: a reply of {actions} actions takes up to {need} tokens; "
+      f"sft: {what} takes up to {need} tokens; "
       f"rollout.max_new_tokens={budget} is less"
     )
 
@@ -251,10 +304,18 @@ def expert_trajectories(
   """Plays ``rollout_cfg.batch`` new levels with the expert's actions: their
   shortest solutions, or random valid ones."""
   states = rollout_lib.reset(env, rollout_cfg, rollout_lib.reset_key(key))
+  if env.spec.text_answers:
+    # The whole answer in the first turn's reply.
+    answers = jax.vmap(env.solution)(states)
+    scripts = jax.vmap(
+      lambda a: replies.script(a, a.shape[0], rollout_cfg.max_turns)
+    )(answers)
+    policy = ScriptedPolicy(scripts, codec.token_bytes.shape[0])
+    return rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
   horizon = rollout_cfg.max_actions_per_traj
   if expert == "planner":
     plans = jax.vmap(lambda s: env.plan(s, horizon))(states)
-  else:
+  else:  # random_valid, world_model
     keys = jax.random.split(jax.random.fold_in(key, 1), rollout_cfg.batch)
     plans = jax.vmap(
       lambda s, k: planning.random_valid_play(env, s, horizon, k)[0]
@@ -276,9 +337,12 @@ def imitation_loss(
   temperature: float,
   allowed: jax.Array | None,
   chunk: int,
+  keep: jax.Array,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Mean negative log-likelihood of the expert's reply tokens."""
+  """Mean negative log-likelihood of the expert's reply tokens, in the
+  episodes ``keep [B]`` marks."""
   positions, mask = pack_generated(traj, size)
+  mask = mask & keep[:, None]
   model = nnx.merge(policy_def, params)
   logp, _ = sequence_logprobs(
     model, traj.tokens, positions, temperature, allowed, chunk
@@ -287,6 +351,51 @@ def imitation_loss(
   count = jnp.maximum(jnp.sum(m), 1.0)
   loss = -jnp.sum(logp * m) / count
   return loss, {"loss": loss, "token_prob": jnp.sum(jnp.exp(logp) * m) / count}
+
+
+def world_model_loss(
+  params: Any,
+  policy_def: Any,
+  traj: Trajectory,
+  chunk: int,
+  keep: jax.Array,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Mean negative log-likelihood of the replies (of the episodes ``keep
+  [B]`` marks) and of every later turn's prompt (what the environment
+  showed after the actions), unscaled and over the whole vocabulary: the
+  observations are not answers.
+
+  Metrics: ``next_obs_prob``, the mean probability of the prompt tokens,
+  and ``next_obs_exact``, the fraction of later turns whose every prompt
+  token has probability above 1/2 (greedy decoding would write it).
+  """
+  prompt = (traj.turn_ids >= 1) & ~traj.loss_mask
+  mask = prompt | (traj.loss_mask & keep[:, None])
+  size = traj.tokens.shape[1]
+  positions = generated_positions(mask, size)
+  slots = jnp.arange(size) < jnp.sum(mask, 1)[:, None]
+  model = nnx.merge(policy_def, params)
+  logp, _ = sequence_logprobs(model, traj.tokens, positions, 1.0, None, chunk)
+  m = slots.astype(jnp.float32)
+  loss = -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
+  # Back to token positions, to read the prompts' tokens turn by turn.
+  rows = jnp.arange(logp.shape[0])[:, None]
+  prob = (
+    jnp.zeros(traj.tokens.shape, jnp.float32)
+    .at[rows, jnp.where(slots, positions, size)]
+    .set(jnp.exp(logp), mode="drop")
+  )
+  p = prompt.astype(jnp.float32)
+  turns = jnp.arange(1, traj.turn_played.shape[1])
+  in_turn = prompt[:, None, :] & (traj.turn_ids[:, None, :] == turns[:, None])
+  shown = jnp.any(in_turn, axis=-1)
+  exact = shown & jnp.all(~in_turn | (prob[:, None, :] > 0.5), axis=-1)
+  return loss, {
+    "loss": loss,
+    "token_prob": jnp.sum(jnp.exp(logp) * m) / jnp.maximum(jnp.sum(m), 1.0),
+    "next_obs_prob": jnp.sum(prob * p) / jnp.maximum(jnp.sum(p), 1.0),
+    "next_obs_exact": jnp.sum(exact) / jnp.maximum(jnp.sum(shown), 1),
+  }
 
 
 def make_sft_step(
@@ -317,21 +426,30 @@ def make_sft_step(
     traj = expert_trajectories(
       env, codec, replies, cfg, key, on_batch, sft_cfg.expert
     )
-    objective = lambda p: imitation_loss(
-      p,
-      policy_def,
-      traj,
-      cfg.max_generated,
-      rollout_cfg.temperature,
-      codec.allowed,
-      logits_chunk,
-    )
+    keep = traj.success if sft_cfg.keep == "successes" else traj.length > 0
+    live = jnp.any(traj.loss_mask & keep[:, None])
+    if sft_cfg.expert == "world_model":
+      live = jnp.any(traj.loss_mask)
+      objective = lambda p: world_model_loss(
+        p, policy_def, traj, logits_chunk, keep
+      )
+    else:
+      objective = lambda p: imitation_loss(
+        p,
+        policy_def,
+        traj,
+        cfg.max_generated,
+        rollout_cfg.temperature,
+        codec.allowed,
+        logits_chunk,
+        keep,
+      )
     params, opt, stats, finite = apply_gradients(
       tx,
       jax.value_and_grad(objective, has_aux=True),
       state.policy,
       state.policy_opt,
-      jnp.any(traj.loss_mask),
+      live,
     )
     nonfinite = jnp.where(finite, 0, state.nonfinite + 1)
     new_state = state.replace(
@@ -339,6 +457,7 @@ def make_sft_step(
     )
     metrics = {f"sft/{k}": v for k, v in stats.items()}
     metrics["sft/expert_success"] = jnp.mean(traj.success)
+    metrics["sft/kept"] = jnp.mean(keep)
     metrics["train/skipped_nonfinite"] = (~finite).astype(jnp.float32)
     metrics["train/nonfinite_streak"] = nonfinite.astype(jnp.float32)
     return new_state, metrics

@@ -179,7 +179,7 @@ def build(
       sft.check(
         env,
         sft.episodes_config(rollout_cfg, sft_cfg, codec),
-        sft.Replies.build(tok, env.spec.action_names),
+        sft.Replies.build(tok, env.spec),
         sft_cfg.expert,
       )
     except ValueError as e:
@@ -569,7 +569,7 @@ def compile_sft_step(setup: Setup, state: TrainState, learner: Learner):
     sft_cfg=setup.sft_cfg,
     policy_def=learner.policy_def,
     tx=sft_optimizer(setup),
-    replies=sft.Replies.build(setup.tokenizer, setup.env.spec.action_names),
+    replies=sft.Replies.build(setup.tokenizer, setup.env.spec),
     codec=setup.codec,
     logits_chunk=setup.algo.logits_chunk,
     mesh=setup.mesh,

@@ -94,7 +94,12 @@ class Progress:
     if step > self.first_step:
       per = (time.perf_counter() - self.start) / (step - self.first_step)
       rate = f" {per:.1f} s/step"
-    if "sft/loss" in metrics:
+    if "sft/next_obs_exact" in metrics:
+      what = (
+        f"warm start: world-model loss {metrics['sft/loss']:.3f}, next "
+        f"observation exact {100 * metrics['sft/next_obs_exact']:.0f}%"
+      )
+    elif "sft/loss" in metrics:
       what = (
         f"warm start: imitation loss {metrics['sft/loss']:.3f} "
         f"(token prob {metrics['sft/token_prob']:.2f})"
