@@ -246,16 +246,29 @@ def test_world_model_targets_are_the_environments_next_observations():
     )(setup.codec, key)
   )
   states = to_numpy(rollout.reset(setup.env, cfg, rollout.reset_key(key)))
+  changed = np.asarray(jax.jit(sft.changed_tokens)(traj))
   names = setup.env.spec.action_names
-  later = 0
+  later = moved = 0
   for b in range(EPISODES):
     peer = peer_of("sokoban", setup.env, index(states, b))
     tok, turns = traj.tokens[b], traj.turn_ids[b]
+    board = None
     for k, reply in enumerate(replies_of(traj, setup.tokenizer, b)):
       shown = setup.tokenizer.decode(tok[(turns == k) & ~traj.loss_mask[b]])
       # The prompt shows the board the reference rules reach by replaying
       # the replies before it (read back with RAGEN's grammar).
-      assert peer.text("grid") in shown, (b, k, shown)
+      before, board = board, peer.text("grid")
+      assert board in shown, (b, k, shown)
+      if k > 0:
+        # The tokens marked changed are the cells the move changed.
+        cells = [
+          new for old, new in zip(before, board, strict=True) if old != new
+        ]
+        marked = [
+          setup.tokenizer.decode([t]) for t in tok[changed[b] & (turns == k)]
+        ]
+        assert marked == cells, (b, k, marked, cells)
+        moved += bool(cells)
       later += k > 0
       _, actions = ref_text.parse(
         ("<answer>" + reply).encode(),
@@ -267,6 +280,8 @@ def test_world_model_targets_are_the_environments_next_observations():
       for a in actions:
         peer.step(a)
   assert later >= EPISODES  # most episodes show two later boards
+  assert moved > EPISODES // 2
+  assert not changed[traj.turn_ids < 1].any()
 
 
 def test_world_model_warm_start_learns_to_predict_the_next_observation():

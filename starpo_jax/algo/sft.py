@@ -353,6 +353,30 @@ def imitation_loss(
   return loss, {"loss": loss, "token_prob": jnp.sum(jnp.exp(logp) * m) / count}
 
 
+def changed_tokens(traj: Trajectory) -> jax.Array:
+  """``[B, L]`` bool: the later turns' prompt tokens that differ from the
+  previous turn's prompt at the same distance from its end (prompts end
+  alike, so a board of fixed size lines up cell by cell); a token with no
+  counterpart there (the first later prompt opens with the end of a reply,
+  which the first does not) counts as unchanged."""
+  length = traj.tokens.shape[1]
+  k_max = traj.turn_played.shape[1]
+  prompt_of = (traj.turn_ids[:, None, :] == jnp.arange(k_max)[:, None]) & (
+    ~traj.loss_mask[:, None, :]
+  )  # [B, K, L]
+  at = jnp.arange(length)
+  end = jnp.max(jnp.where(prompt_of, at, -1), axis=-1)  # [B, K]
+  start = jnp.min(jnp.where(prompt_of, at, length), axis=-1)
+  turn = jnp.clip(traj.turn_ids, 0, k_max - 1)
+  before = jnp.maximum(turn - 1, 0)
+  pick = lambda a, k: jnp.take_along_axis(a, k, axis=1)
+  there = pick(end, before) - (pick(end, turn) - at)
+  twin = pick(traj.tokens, jnp.clip(there, 0, length - 1))
+  has = there >= pick(start, before)
+  later = (traj.turn_ids >= 1) & ~traj.loss_mask
+  return later & has & (twin != traj.tokens)
+
+
 def world_model_loss(
   params: Any,
   policy_def: Any,
@@ -360,14 +384,18 @@ def world_model_loss(
   chunk: int,
   keep: jax.Array,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Mean negative log-likelihood of the replies (of the episodes ``keep
-  [B]`` marks) and of every later turn's prompt (what the environment
-  showed after the actions), unscaled and over the whole vocabulary: the
-  observations are not answers.
+  """Negative log-likelihood of every later turn's prompt (what the
+  environment showed after the actions) and of the replies (of the
+  episodes ``keep [B]`` marks), unscaled and over the whole vocabulary:
+  the observations are not answers. Two means, summed: over the prompt
+  tokens that changed since the previous turn (``changed_tokens``: the
+  player's cells), and over the rest, so that the few tokens the actions
+  decide weigh as much as the many a copy gets right.
 
   Metrics: ``next_obs_prob``, the mean probability of the prompt tokens,
-  and ``next_obs_exact``, the fraction of later turns whose every prompt
-  token has probability above 1/2 (greedy decoding would write it).
+  ``next_obs_changed_prob``, of the changed ones, and ``next_obs_exact``,
+  the fraction of later turns whose every prompt token has probability
+  above 1/2 (greedy decoding would write it).
   """
   prompt = (traj.turn_ids >= 1) & ~traj.loss_mask
   mask = prompt | (traj.loss_mask & keep[:, None])
@@ -376,16 +404,19 @@ def world_model_loss(
   slots = jnp.arange(size) < jnp.sum(mask, 1)[:, None]
   model = nnx.merge(policy_def, params)
   logp, _ = sequence_logprobs(model, traj.tokens, positions, 1.0, None, chunk)
-  m = slots.astype(jnp.float32)
-  loss = -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
   # Back to token positions, to read the prompts' tokens turn by turn.
   rows = jnp.arange(logp.shape[0])[:, None]
-  prob = (
-    jnp.zeros(traj.tokens.shape, jnp.float32)
-    .at[rows, jnp.where(slots, positions, size)]
-    .set(jnp.exp(logp), mode="drop")
+  at = jnp.where(slots, positions, size)
+  full = lambda v: (
+    jnp.zeros(traj.tokens.shape, jnp.float32).at[rows, at].set(v, mode="drop")
   )
+  nll, prob = full(-logp), full(jnp.exp(logp))
+  changed = changed_tokens(traj)
+  mean = lambda v, w: jnp.sum(v * w) / jnp.maximum(jnp.sum(w), 1.0)
+  c = changed.astype(jnp.float32)
+  loss = mean(nll, c) + mean(nll, (mask & ~changed).astype(jnp.float32))
   p = prompt.astype(jnp.float32)
+  m = slots.astype(jnp.float32)
   turns = jnp.arange(1, traj.turn_played.shape[1])
   in_turn = prompt[:, None, :] & (traj.turn_ids[:, None, :] == turns[:, None])
   shown = jnp.any(in_turn, axis=-1)
@@ -393,7 +424,8 @@ def world_model_loss(
   return loss, {
     "loss": loss,
     "token_prob": jnp.sum(jnp.exp(logp) * m) / jnp.maximum(jnp.sum(m), 1.0),
-    "next_obs_prob": jnp.sum(prob * p) / jnp.maximum(jnp.sum(p), 1.0),
+    "next_obs_prob": mean(prob, p),
+    "next_obs_changed_prob": mean(prob, c),
     "next_obs_exact": jnp.sum(exact) / jnp.maximum(jnp.sum(shown), 1),
   }
 
