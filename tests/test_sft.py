@@ -35,19 +35,26 @@ def small(config, **overrides):
   return config
 
 
+def expert_episodes(setup, key, expert: str = "planner"):
+  """The warm start's episodes for ``setup`` and the settings they ran
+  with."""
+  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
+  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
+  traj = jax.jit(
+    lambda codec, key: sft.expert_trajectories(
+      setup.env, codec, replies, cfg, key, expert=expert
+    )
+  )(setup.codec, key)
+  return cfg, traj
+
+
 @functools.cache
 def expert_run(name: str):
   """Whole expert episodes (every turn) of one environment."""
   module = {"sokoban": sokoban, "frozen_lake": frozen_lake}[name]
   setup = assembly.build(small(module.get_config(None), **{"sft.max_turns": 5}))
-  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
-  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
   key = jax.random.key(7)
-  traj = jax.jit(
-    lambda codec, key: sft.expert_trajectories(
-      setup.env, codec, replies, cfg, key
-    )
-  )(setup.codec, key)
+  cfg, traj = expert_episodes(setup, key)
   states = rollout.reset(setup.env, cfg, rollout.reset_key(key))
   return setup, cfg, to_numpy(traj), to_numpy(states)
 
@@ -166,13 +173,7 @@ def test_random_valid_demonstrations_name_only_offered_arms():
   c = small(bandit.get_config(None), **{"sft.expert": "random_valid"})
   c.sft.episodes = 128
   setup = assembly.build(c)
-  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
-  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
-  traj = jax.jit(
-    lambda codec, key: sft.expert_trajectories(
-      setup.env, codec, replies, cfg, key, expert="random_valid"
-    )
-  )(setup.codec, jax.random.key(3))
+  _, traj = expert_episodes(setup, jax.random.key(3), expert="random_valid")
   # Two of forty names are offered: every pull names one of them, the
   # risky one about half the time.
   assert np.asarray(traj.turn_valid)[:, 0].all()
@@ -183,16 +184,9 @@ def test_random_valid_demonstrations_name_only_offered_arms():
 def test_free_text_warm_start_spells_the_environments_solution(name):
   module = {"countdown": countdown, "qa": qa}[name]
   setup = assembly.build(small(module.get_config(None)))
-  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
-  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
   key = jax.random.key(11)
-  traj = to_numpy(
-    jax.jit(
-      lambda codec, key: sft.expert_trajectories(
-        setup.env, codec, replies, cfg, key
-      )
-    )(setup.codec, key)
-  )
+  cfg, traj = expert_episodes(setup, key)
+  traj = to_numpy(traj)
   states = to_numpy(rollout.reset(setup.env, cfg, rollout.reset_key(key)))
   if name == "qa":
     kw = setup.config.env.kwargs
@@ -235,16 +229,9 @@ def world_model_run(steps: int = 0):
 
 def test_world_model_targets_are_the_environments_next_observations():
   setup = world_model_run()
-  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
-  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
   key = jax.random.key(5)
-  traj = to_numpy(
-    jax.jit(
-      lambda codec, key: sft.expert_trajectories(
-        setup.env, codec, replies, cfg, key, expert="world_model"
-      )
-    )(setup.codec, key)
-  )
+  cfg, traj = expert_episodes(setup, key, expert="world_model")
+  traj = to_numpy(traj)
   states = to_numpy(rollout.reset(setup.env, cfg, rollout.reset_key(key)))
   changed = np.asarray(jax.jit(sft.changed_tokens)(traj))
   names = setup.env.spec.action_names
@@ -305,13 +292,7 @@ def test_keeping_successes_imitates_only_the_episodes_that_succeeded():
   setup = assembly.build(c)
   learner = assembly.make_learner(setup)
   params = assembly.init_state(setup, learner).policy
-  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
-  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
-  traj = jax.jit(
-    lambda codec, key: sft.expert_trajectories(
-      setup.env, codec, replies, cfg, key, expert="random_valid"
-    )
-  )(setup.codec, jax.random.key(2))
+  cfg, traj = expert_episodes(setup, jax.random.key(2), expert="random_valid")
   won = np.flatnonzero(np.asarray(traj.success))
   assert 0 < len(won) < EPISODES
   loss = lambda t, keep: sft.imitation_loss(
