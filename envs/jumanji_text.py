@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs import core, render
+from envs import core, planning, render, sudoku_solver
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,9 @@ class Game:
     instructions: the task, for RAGEN's prompt.
     list_actions: whether the prompt lists every action name.
     defaults: the settings ``make`` takes, with their defaults.
+    plan: optionally, (Jumanji env, settings, Jumanji state, horizon) ->
+      ``planning.Plan``, a shortest solution's first ``horizon`` actions
+      (the warm start's expert).
   """
 
   make: Callable[..., Any]
@@ -67,6 +70,7 @@ class Game:
   instructions: str
   list_actions: bool
   defaults: dict[str, Any]
+  plan: Callable[[Any, dict, Any, int], planning.Plan] | None = None
 
 
 @struct.dataclass
@@ -123,6 +127,13 @@ class JumanjiText(core.TextEnv):
       max_obs_pieces=cells + separators + rows + 3 * len(shapes),
       max_steps=int(getattr(self.env, "time_limit", 10**6)),
     )
+    if g.plan is not None:
+      self.plan = self._plan
+
+  def _plan(self, state: State, horizon: int) -> planning.Plan:
+    """A shortest solution's first ``horizon`` actions (games with a
+    planner only)."""
+    return self._game.plan(self.env, self.settings, state.inner, horizon)
 
   def reset(self, key: jax.Array) -> tuple[State, core.TimeStep]:
     inner, _ = self.env.reset(key)
@@ -219,12 +230,60 @@ def _sudoku(database: str):
       f"jumanji sudoku: database={database!r}; expected one of "
       f"{sorted(DATABASES)}"
     )
-  import jumanji.environments.logic.sudoku as sudoku_pkg
+  path = _sudoku_path(database)
+  return Sudoku(generator=DatabaseGenerator(database=jnp.load(path)))
 
-  path = os.path.join(
+
+def _sudoku_path(database: str) -> str:
+  import jumanji.environments.logic.sudoku as sudoku_pkg
+  from jumanji.environments.logic.sudoku.data import DATABASES
+
+  return os.path.join(
     os.path.dirname(sudoku_pkg.__file__), "data", DATABASES[database]
   )
-  return Sudoku(generator=DatabaseGenerator(database=jnp.load(path)))
+
+
+def _sudoku_plan(
+  env: Any, settings: dict, state: Any, horizon: int
+) -> planning.Plan:
+  """Every empty cell filled with its solution's digit, the cells with the
+  fewest candidates first (a forced cell's digit follows from its row,
+  column and box), then row by row. The database's solutions are solved on
+  the host (``envs.sudoku_solver``) the first time this is traced; the
+  board's is the first whose digits agree with every filled cell, and a
+  board no solution agrees with (a wrong digit placed) has no plan."""
+  solutions = jnp.asarray(
+    sudoku_solver.solve_all(_sudoku_path(settings["database"])), jnp.int32
+  )
+  board = state.board  # [9, 9], -1 empty, else digit - 1
+  agree = jnp.all((board < 0) | (board == solutions - 1), axis=(1, 2))
+  solution = solutions[jnp.argmax(agree)] - 1
+  found = jnp.any(agree)
+  empty = (board < 0).reshape(-1)
+  taken = (
+    jax.nn.one_hot(jnp.maximum(board, 0), 9, dtype=bool)
+    & (board >= 0)[..., None]
+  )  # [9, 9, 9] digit held
+  row = jnp.any(taken, axis=1)  # [9 rows, 9 digits]
+  col = jnp.any(taken, axis=0)
+  box = jnp.any(
+    taken.reshape(3, 3, 3, 3, 9), axis=(1, 3)
+  )  # [3, 3, 9] by box row, box column
+  r, c = jnp.divmod(jnp.arange(81), 9)
+  used = row[r] | col[c] | box[r // 3, c // 3]  # [81, 9]
+  candidates = 9 - jnp.sum(used, axis=1)
+  order = jnp.argsort(
+    jnp.where(empty, candidates * 81, 10 * 81) + jnp.arange(81)
+  )
+  cells = order[:horizon]
+  digit = solution.reshape(-1)[cells]
+  count = jnp.sum(empty)
+  act = jnp.arange(horizon) < jnp.minimum(count, horizon)
+  actions = jnp.where(act & found, cells * 9 + digit, -1)
+  return planning.Plan(
+    actions=actions.astype(jnp.int32),
+    length=jnp.where(found, count, -1).astype(jnp.int32),
+  )
 
 
 def _sudoku_names(env: Any) -> tuple[str, ...]:
@@ -381,6 +440,7 @@ _SUDOKU = Game(
   ),
   list_actions=False,
   defaults={"database": "mixed"},
+  plan=_sudoku_plan,
 )
 GAMES["sudoku"] = _SUDOKU
 GAMES["sudoku_easy"] = dataclasses.replace(

@@ -11,7 +11,10 @@ supervised warm start imitates.
 
 ``random_valid_play`` works for any environment: actions drawn uniformly
 among those valid in each state (the bandit offers two of its forty arm
-names), until the episode ends.
+names), until the episode ends. ``random_search`` needs nothing more: of
+many random valid episodes from the same state, the shortest that
+succeeded, which is what an agent finds by trying a level again and again
+(what RL's groups do) when no planner exists.
 """
 
 from __future__ import annotations
@@ -115,3 +118,21 @@ def random_valid_play(
   )
   length = jnp.sum(actions >= 0, dtype=jnp.int32)
   return Plan(actions=actions, length=length), success
+
+
+def random_search(
+  env: Any, state: Any, horizon: int, key: jax.Array, tries: int
+) -> Plan:
+  """The shortest of ``tries`` random valid episodes from ``state`` that
+  succeeded (the first such among equals); ``length`` is ``-1`` and every
+  action ``-1`` when none did."""
+  plans, success = jax.vmap(
+    lambda k: random_valid_play(env, state, horizon, k)
+  )(jax.random.split(key, tries))
+  cost = jnp.where(success, plans.length, horizon + 1)
+  best = jnp.argmin(cost)
+  found = success[best]
+  return Plan(
+    actions=jnp.where(found, plans.actions[best], -1),
+    length=jnp.where(found, plans.length[best], -1),
+  )

@@ -36,16 +36,22 @@ def small(config, **overrides):
 
 
 def expert_episodes(setup, key, expert: str = "planner"):
-  """The warm start's episodes for ``setup`` and the settings they ran
-  with."""
+  """The settings the warm start's episodes for ``setup`` ran with, the
+  episodes and whether the expert had actions for each level."""
   cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
   replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
-  traj = jax.jit(
+  traj, found = jax.jit(
     lambda codec, key: sft.expert_trajectories(
-      setup.env, codec, replies, cfg, key, expert=expert
+      setup.env,
+      codec,
+      replies,
+      cfg,
+      key,
+      expert=expert,
+      tries=setup.sft_cfg.search_tries,
     )
   )(setup.codec, key)
-  return cfg, traj
+  return cfg, traj, found
 
 
 @functools.cache
@@ -54,7 +60,7 @@ def expert_run(name: str):
   module = {"sokoban": sokoban, "frozen_lake": frozen_lake}[name]
   setup = assembly.build(small(module.get_config(None), **{"sft.max_turns": 5}))
   key = jax.random.key(7)
-  cfg, traj = expert_episodes(setup, key)
+  cfg, traj, _ = expert_episodes(setup, key)
   states = rollout.reset(setup.env, cfg, rollout.reset_key(key))
   return setup, cfg, to_numpy(traj), to_numpy(states)
 
@@ -173,7 +179,7 @@ def test_random_valid_demonstrations_name_only_offered_arms():
   c = small(bandit.get_config(None), **{"sft.expert": "random_valid"})
   c.sft.episodes = 128
   setup = assembly.build(c)
-  _, traj = expert_episodes(setup, jax.random.key(3), expert="random_valid")
+  _, traj, _ = expert_episodes(setup, jax.random.key(3), expert="random_valid")
   # Two of forty names are offered: every pull names one of them, the
   # risky one about half the time.
   assert np.asarray(traj.turn_valid)[:, 0].all()
@@ -185,7 +191,7 @@ def test_free_text_warm_start_spells_the_environments_solution(name):
   module = {"countdown": countdown, "qa": qa}[name]
   setup = assembly.build(small(module.get_config(None)))
   key = jax.random.key(11)
-  cfg, traj = expert_episodes(setup, key)
+  cfg, traj, _ = expert_episodes(setup, key)
   traj = to_numpy(traj)
   states = to_numpy(rollout.reset(setup.env, cfg, rollout.reset_key(key)))
   if name == "qa":
@@ -230,7 +236,7 @@ def world_model_run(steps: int = 0):
 def test_world_model_targets_are_the_environments_next_observations():
   setup = world_model_run()
   key = jax.random.key(5)
-  cfg, traj = expert_episodes(setup, key, expert="world_model")
+  cfg, traj, _ = expert_episodes(setup, key, expert="world_model")
   traj = to_numpy(traj)
   states = to_numpy(rollout.reset(setup.env, cfg, rollout.reset_key(key)))
   changed = np.asarray(jax.jit(sft.changed_tokens)(traj))
@@ -292,7 +298,9 @@ def test_keeping_successes_imitates_only_the_episodes_that_succeeded():
   setup = assembly.build(c)
   learner = assembly.make_learner(setup)
   params = assembly.init_state(setup, learner).policy
-  cfg, traj = expert_episodes(setup, jax.random.key(2), expert="random_valid")
+  cfg, traj, _ = expert_episodes(
+    setup, jax.random.key(2), expert="random_valid"
+  )
   won = np.flatnonzero(np.asarray(traj.success))
   assert 0 < len(won) < EPISODES
   loss = lambda t, keep: sft.imitation_loss(
@@ -310,3 +318,37 @@ def test_keeping_successes_imitates_only_the_episodes_that_succeeded():
   alone = jax.tree.map(lambda x: x[won], traj)
   np.testing.assert_allclose(kept, loss(alone, alone.success), rtol=1e-5)
   assert abs(float(kept) - float(loss(traj, traj.length > 0))) > 1e-4
+
+
+def test_search_imitates_the_first_moves_of_a_success_it_found():
+  c = small(
+    frozen_lake.get_config(None),
+    **{"sft.expert": "search", "sft.search_tries": 2},
+  )
+  setup = assembly.build(c)
+  key = jax.random.key(5)
+  cfg, traj, found = expert_episodes(setup, key, expert="search")
+  traj, found = to_numpy(traj), np.asarray(found)
+  states = to_numpy(rollout.reset(setup.env, cfg, rollout.reset_key(key)))
+  # Two random episodes a level: some levels have no success to imitate.
+  assert 0 < found.sum() < EPISODES
+  budget = setup.rollout_cfg.max_actions_per_traj
+  for b in np.flatnonzero(found):
+    peer = peer_of("frozen_lake", setup.env, index(states, b))
+    (reply,) = replies_of(traj, setup.tokenizer, b)
+    matched, actions = ref_text.parse(
+      ("<answer>" + reply).encode(),
+      think=False,
+      markers=(),
+      max_actions=cfg.max_actions_per_turn,
+      action_names=setup.env.spec.action_names,
+    )
+    assert matched and actions, reply
+    for a in actions:
+      peer.step(a)
+    # The moves begin a success: off the holes, the goal still in reach.
+    assert peer.player not in peer.holes
+    rest = dataclasses.replace(peer, start=peer.player)
+    assert (
+      len(actions) + shortest("frozen_lake", setup.env, None, rest) <= budget
+    )

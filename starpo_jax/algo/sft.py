@@ -19,6 +19,10 @@ RAGEN): a random valid player's episodes of ``max_turns`` turns, and the
 policy learns the environment's dynamics by predicting every later turn's
 prompt (the observation after its actions) from what came before, besides
 the random replies themselves (the answer format and what is valid).
+``expert="search"`` needs no planner either: each level is played
+``search_tries`` times by the random valid player (the environment's own
+``step``, no model), and the shortest episode that succeeded is imitated
+as a planner's would be; levels where none succeeded are left out.
 
 In the driver the SFT steps come first (``config.sft.steps``); the RL steps
 follow from the policy they leave, with a fresh optimizer state.
@@ -53,7 +57,7 @@ from starpo_jax.algo.state import TrainState
 from starpo_jax.algo.update import apply_gradients
 from starpo_jax.models.tokenizer import Tokenizer
 
-Expert = Literal["planner", "random_valid", "world_model"]
+Expert = Literal["planner", "search", "random_valid", "world_model"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +83,10 @@ class SftConfig:
   # in a state (the bandit's two offered arm names) but nothing of what is
   # good, leaving that to RL. "world_model": random valid episodes of
   # max_turns (>= 2) turns, learning to predict each next observation.
+  # "search": the shortest success among search_tries random valid
+  # episodes of each level (no planner: the environment's step alone).
   expert: Expert = "planner"
+  search_tries: int = 64
   # Whose replies are imitated: every expert episode's, or only those that
   # succeeded (random valid play filtered by the environment's own success:
   # no planner needed). The world model predicts observations of all.
@@ -90,7 +97,7 @@ class SftConfig:
     for name in ("steps", "warmup_steps"):
       if getattr(self, name) < 0:
         raise ValueError(f"sft: {name} must be >= 0")
-    for name in ("episodes", "max_turns"):
+    for name in ("episodes", "max_turns", "search_tries"):
       if getattr(self, name) < 1:
         raise ValueError(f"sft: {name} must be >= 1")
     if self.lr <= 0:
@@ -271,7 +278,8 @@ def check(
   elif expert == "planner" and not hasattr(env, "plan"):
     raise ValueError(
       f"sft: environment {name!r} has no planner (env.plan) to "
-      "imitate; sft.expert='random_valid' imitates valid play"
+      "imitate; sft.expert='search' imitates the shortest of many random "
+      "successes"
     )
   if rollout_cfg.enable_think:
     raise ValueError(
@@ -300,9 +308,16 @@ def expert_trajectories(
   key: jax.Array,
   constrain=lambda tree: tree,
   expert: str = "planner",
-) -> Trajectory:
+  tries: int = 64,
+) -> tuple[Trajectory, jax.Array]:
   """Plays ``rollout_cfg.batch`` new levels with the expert's actions: their
-  shortest solutions, or random valid ones."""
+  shortest solutions, the shortest of ``tries`` random successes, or random
+  valid ones.
+
+  Returns:
+    The episodes, and ``[B]`` bool, whether the expert had actions for the
+    level (a plan, a success found by search; always for the others).
+  """
   states = rollout_lib.reset(env, rollout_cfg, rollout_lib.reset_key(key))
   if env.spec.text_answers:
     # The whole answer in the first turn's reply.
@@ -311,10 +326,16 @@ def expert_trajectories(
       lambda a: replies.script(a, a.shape[0], rollout_cfg.max_turns)
     )(answers)
     policy = ScriptedPolicy(scripts, codec.token_bytes.shape[0])
-    return rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
+    traj = rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
+    return traj, jnp.ones(traj.success.shape, bool)
   horizon = rollout_cfg.max_actions_per_traj
   if expert == "planner":
     plans = jax.vmap(lambda s: env.plan(s, horizon))(states)
+  elif expert == "search":
+    keys = jax.random.split(jax.random.fold_in(key, 1), rollout_cfg.batch)
+    plans = jax.vmap(
+      lambda s, k: planning.random_search(env, s, horizon, k, tries)
+    )(states, keys)
   else:  # random_valid, world_model
     keys = jax.random.split(jax.random.fold_in(key, 1), rollout_cfg.batch)
     plans = jax.vmap(
@@ -326,7 +347,9 @@ def expert_trajectories(
     )
   )(plans.actions)
   policy = ScriptedPolicy(scripts, codec.token_bytes.shape[0])
-  return rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
+  traj = rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
+  found = plans.length >= 0 if expert in ("planner", "search") else None
+  return traj, jnp.ones(traj.success.shape, bool) if found is None else found
 
 
 def imitation_loss(
@@ -455,10 +478,18 @@ def make_sft_step(
 
   def step(state: TrainState, codec: Codec):
     key = jax.random.fold_in(state.key, state.step)
-    traj = expert_trajectories(
-      env, codec, replies, cfg, key, on_batch, sft_cfg.expert
+    traj, found = expert_trajectories(
+      env,
+      codec,
+      replies,
+      cfg,
+      key,
+      on_batch,
+      sft_cfg.expert,
+      sft_cfg.search_tries,
     )
     keep = traj.success if sft_cfg.keep == "successes" else traj.length > 0
+    keep = keep & found
     live = jnp.any(traj.loss_mask & keep[:, None])
     if sft_cfg.expert == "world_model":
       live = jnp.any(traj.loss_mask)

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import envs
-from envs import core
+from envs import core, sudoku_solver
 from envs.jumanji_text import FACES, GAMES
-from tests.envs.conftest import to_numpy
+from tests.envs.conftest import index, to_numpy
 from tests.helpers import assert_compiles_once
 
 BATCH, STEPS = 16, 24
@@ -217,3 +217,75 @@ def test_unknown_games_and_settings_are_named():
     envs.make("maze", size=5)
   with pytest.raises(ValueError, match="target_tile must be a power of two"):
     envs.make("game2048", target_tile=100)
+
+
+def is_sudoku(grid: np.ndarray) -> bool:
+  """Every row, column and 3x3 box holds 1..9 once (plain NumPy)."""
+  units = [*grid, *grid.T]
+  units += [
+    grid[r : r + 3, c : c + 3].ravel() for r in (0, 3, 6) for c in (0, 3, 6)
+  ]
+  return all(sorted(u.tolist()) == list(range(1, 10)) for u in units)
+
+
+@pytest.mark.parametrize("database", ["very-easy", "mixed"])
+def test_solved_databases_are_sudokus_that_keep_their_clues(database):
+  path = envs.jumanji_text._sudoku_path(database)
+  puzzles, solutions = np.load(path), sudoku_solver.solve_all(path)
+  assert solutions.shape == puzzles.shape
+  clue = puzzles > 0
+  assert (solutions[clue] == puzzles[clue]).all()
+  assert all(
+    is_sudoku(g) for g in solutions[:: 1 if database == "very-easy" else 10]
+  )
+  assert sudoku_solver.solve(np.zeros((9, 9), int)) is not None
+  twice = np.zeros((9, 9), int)
+  twice[0, :2] = 5
+  assert sudoku_solver.solve(twice) is None
+
+
+def candidates(board: np.ndarray, r: int, c: int) -> int:
+  """Digits row, column and box leave a cell (board 0 empty, 1..9)."""
+  box = board[r // 3 * 3 : r // 3 * 3 + 3, c // 3 * 3 : c // 3 * 3 + 3]
+  seen = set(board[r]) | set(board[:, c]) | set(box.ravel())
+  return len(set(range(1, 10)) - seen)
+
+
+def test_sudoku_plans_solve_the_board_in_jumanji_fewest_candidates_first():
+  env = envs.make("sudoku_easy")
+  horizon, levels = 40, 64
+  states, _ = jax.vmap(env.reset)(jax.random.split(jax.random.key(0), levels))
+  plans = to_numpy(jax.jit(jax.vmap(lambda s: env.plan(s, horizon)))(states))
+  step = jax.jit(env.env.step)
+  boards = np.asarray(states.inner.board) + 1  # 0 empty
+  for b in range(levels):
+    board = boards[b].copy()
+    n = int((board == 0).sum())
+    assert plans.length[b] == n
+    actions = plans.actions[b]
+    assert (actions[:n] >= 0).all() and (actions[n:] == -1).all()
+    r, c, _ = np.unravel_index(actions[0], (9, 9, 9))
+    fewest = min(
+      candidates(board, i, j)
+      for i, j in zip(*np.nonzero(board == 0), strict=True)
+    )
+    assert candidates(board, r, c) == fewest, b
+    # Played by Jumanji's own Sudoku: every move allowed, the board solved.
+    inner = index(states.inner, b)
+    for a in actions[:n]:
+      move = env._game.to_action(env.env, jnp.int32(a))
+      assert bool(inner.action_mask[tuple(move)]), (b, a)
+      inner, ts = step(inner, move)
+    assert float(ts.reward) == 1.0 and is_sudoku(np.asarray(inner.board) + 1)
+
+
+def test_a_sudoku_with_a_wrong_digit_has_no_plan():
+  env = envs.make("sudoku_easy")
+  state, _ = env.reset(jax.random.key(3))
+  solution = jax.jit(lambda s: env.plan(s, 81))(state)
+  first = int(solution.actions[0])
+  r, c, digit = first // 81, first // 9 % 9, first % 9
+  wrong = (digit + 1) % 9
+  board = state.inner.board.at[r, c].set(wrong)
+  plan = env.plan(state.replace(inner=state.inner.replace(board=board)), 81)
+  assert int(plan.length) == -1 and (np.asarray(plan.actions) == -1).all()
