@@ -17,7 +17,8 @@ by a measurable margin. With 40, the planner finishes every board and
 random legal play 40-51%. A warm start on the planner's moves (the
 database solved on the host, the cells with the fewest candidates first)
 is one flag away, ``--config.sft.steps=300 --config.optim.lr=1e-4``; the
-tiny model learned too little from it to be the default (docs/results.md).
+tiny model learned too little from it to be the default (16% legal
+placements, no board finished: docs/results.md).
 """
 
 from configs import common
