@@ -18,6 +18,7 @@ from envs.host import HostEnv, HostEnvironment, HostSpec
 from envs.jumanji_text import GAMES, JumanjiText
 from envs.qa import QA
 from envs.sokoban import Sokoban
+from envs.sudoku import Sudoku4x4
 
 # name -> (class, preset keyword arguments). RAGEN's LargerSokoban is an 8x8
 # room with two boxes.
@@ -27,6 +28,8 @@ REGISTRY: dict[str, tuple[Any, dict[str, Any]]] = {
   "frozen_lake": (FrozenLake, {}),
   "bandit": (Bandit, {}),
   "countdown": (Countdown, {}),
+  # SPA's 4x4 Sudoku (Jumanji's 9x9 is "sudoku" below).
+  "sudoku_4x4": (Sudoku4x4, {}),
   # Questions from a dataset read through tensorflow-datasets (envs/qa).
   "qa": (QA, {}),
   # RAGEN's Sokoban, the gym-sokoban package, stepped on the host

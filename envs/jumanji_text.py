@@ -35,6 +35,7 @@ import numpy as np
 from flax import struct
 
 from envs import core, planning, render, sudoku_solver
+from envs.sudoku import rules
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,43 +247,26 @@ def _sudoku_path(database: str) -> str:
 def _sudoku_plan(
   env: Any, settings: dict, state: Any, horizon: int
 ) -> planning.Plan:
-  """Every empty cell filled with its solution's digit, the cells with the
-  fewest candidates first (a forced cell's digit follows from its row,
-  column and box), then row by row. The database's solutions are solved on
-  the host (``envs.sudoku_solver``) the first time this is traced; the
-  board's is the first whose digits agree with every filled cell, and a
-  board no solution agrees with (a wrong digit placed) has no plan."""
+  """Every empty cell filled with its solution's digit, one at a time in a
+  cell with the fewest candidates on the board as it then stands (a forced
+  cell's digit follows from its row, column and box), ties row by row.
+  The database's solutions are solved on the host (``envs.sudoku_solver``)
+  the first time this is traced; the board's is the first whose digits
+  agree with every filled cell, and a board no solution agrees with (a
+  wrong digit placed) has no plan."""
   solutions = jnp.asarray(
     sudoku_solver.solve_all(_sudoku_path(settings["database"])), jnp.int32
   )
   board = state.board  # [9, 9], -1 empty, else digit - 1
   agree = jnp.all((board < 0) | (board == solutions - 1), axis=(1, 2))
-  solution = solutions[jnp.argmax(agree)] - 1
   found = jnp.any(agree)
-  empty = (board < 0).reshape(-1)
-  taken = (
-    jax.nn.one_hot(jnp.maximum(board, 0), 9, dtype=bool)
-    & (board >= 0)[..., None]
-  )  # [9, 9, 9] digit held
-  row = jnp.any(taken, axis=1)  # [9 rows, 9 digits]
-  col = jnp.any(taken, axis=0)
-  box = jnp.any(
-    taken.reshape(3, 3, 3, 3, 9), axis=(1, 3)
-  )  # [3, 3, 9] by box row, box column
-  r, c = jnp.divmod(jnp.arange(81), 9)
-  used = row[r] | col[c] | box[r // 3, c // 3]  # [81, 9]
-  candidates = 9 - jnp.sum(used, axis=1)
-  order = jnp.argsort(
-    jnp.where(empty, candidates * 81, 10 * 81) + jnp.arange(81)
+  filled = jnp.where(board < 0, 0, board + 1).reshape(-1)
+  moves = rules.fill_moves(
+    filled, solutions[jnp.argmax(agree)].reshape(-1), 3, horizon
   )
-  cells = order[:horizon]
-  digit = solution.reshape(-1)[cells]
-  count = jnp.sum(empty)
-  act = jnp.arange(horizon) < jnp.minimum(count, horizon)
-  actions = jnp.where(act & found, cells * 9 + digit, -1)
   return planning.Plan(
-    actions=actions.astype(jnp.int32),
-    length=jnp.where(found, count, -1).astype(jnp.int32),
+    actions=jnp.where(found, moves, -1),
+    length=jnp.where(found, jnp.sum(board < 0), -1).astype(jnp.int32),
   )
 
 

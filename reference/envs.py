@@ -350,3 +350,71 @@ def frozen_lake_generate(rng, size: int, p: float) -> FrozenLake:
 def bandit_generate(rng, pairs) -> Bandit:
   low, high = rng.choice(pairs)
   return Bandit(low, high, high_first=rng.random() < 0.5)
+
+
+@dataclasses.dataclass
+class Sudoku:
+  """A Sudoku of ``box * box`` rows: ``grid[r][c]`` is 0 (empty) or a digit.
+  A move ``(r, c, digit)`` is legal in an empty cell whose row, column and
+  box lack the digit; an illegal one changes nothing. Filled: solved, 1.
+  An empty cell no digit fits: a dead end, over with nothing."""
+
+  grid: list
+  box: int
+  max_steps: int
+  steps: int = 0
+
+  @property
+  def size(self) -> int:
+    return self.box * self.box
+
+  def fits(self, r: int, c: int, digit: int) -> bool:
+    if self.grid[r][c]:
+      return False
+    b = self.box
+    box = [
+      self.grid[i][j]
+      for i in range(r // b * b, r // b * b + b)
+      for j in range(c // b * b, c // b * b + b)
+    ]
+    column = [row[c] for row in self.grid]
+    return digit not in self.grid[r] + column + box
+
+  def moves(self) -> list:
+    n = range(self.size)
+    return [
+      (r, c, d)
+      for r in n
+      for c in n
+      for d in range(1, self.size + 1)
+      if self.fits(r, c, d)
+    ]
+
+  def solved(self) -> bool:
+    return all(all(row) for row in self.grid)
+
+  def terminal(self) -> bool:
+    return self.solved() or not self.moves()
+
+  def step(self, r: int, c: int, digit: int) -> StepResult:
+    legal = self.fits(r, c, digit)
+    if legal and not self.terminal() and self.steps < self.max_steps:
+      self.grid[r][c] = digit
+      self.steps += 1
+      effective, reward = True, 1.0 if self.solved() else 0.0
+    else:
+      effective, reward = False, 0.0
+    terminal = self.terminal()
+    return StepResult(
+      reward=reward,
+      terminated=terminal,
+      truncated=self.steps >= self.max_steps and not terminal,
+      success=self.solved(),
+      valid=legal,
+      effective=effective,
+    )
+
+  def text(self) -> str:
+    return "\n".join(
+      " ".join(str(v) if v else "." for v in row) for row in self.grid
+    )

@@ -67,6 +67,7 @@ def test_starpo_s_drops_the_kl_term_and_clips_higher():
 @pytest.mark.parametrize(
   "name, arg, env", [("countdown", None, "countdown"),
                      ("sudoku", None, "sudoku_easy"),
+                     ("sudoku_4x4", None, "sudoku_4x4"),
                      ("game2048", None, "game2048"),
                      ("rubiks_cube", None, "rubiks_cube_2x2"),
                      ("qa", None, "qa"),

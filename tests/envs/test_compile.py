@@ -10,7 +10,9 @@ from tests.envs.conftest import NUM_LEVELS, batch_reset, reset_trace_name
 from tests.helpers import TRACES, assert_compiles_once
 
 
-@pytest.mark.parametrize("name", ["sokoban", "frozen_lake", "bandit"])
+@pytest.mark.parametrize(
+  "name", ["sokoban", "frozen_lake", "bandit", "sudoku_4x4"]
+)
 def test_reset_and_step_compile_once_for_1024_envs(name):
   env, reset = batch_reset(name)
   states, _ = reset(jax.random.split(jax.random.key(1), NUM_LEVELS))
