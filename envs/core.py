@@ -91,7 +91,11 @@ class EnvSpec:
       as ids into ``answer_pieces`` (``-1`` after its end), which the warm
       start imitates.
     answer_pieces: for a text-answer environment, the strings answers are
-      made of (a vocabulary restricted to answers allows them).
+      made of (a vocabulary restricted to answers allows them). For one
+      with action names, the parts its names are spelled from: a compact
+      vocabulary then has a token per part rather than one per name
+      (Sudoku's ``r2c3=4`` is ``r2c3=`` then ``4``: the cell, then the
+      digit given the cell).
     token_observations: ``render`` returns token ids of the run's
       tokenizer, not ids into ``pieces`` (a Python environment's text,
       tokenized on the host: ``envs.host``).

@@ -416,5 +416,5 @@ class Sudoku:
 
   def text(self) -> str:
     return "\n".join(
-      " ".join(str(v) if v else "." for v in row) for row in self.grid
+      "".join(str(v) if v else "." for v in row) for row in self.grid
     )

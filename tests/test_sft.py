@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import bandit, countdown, frozen_lake, qa, sokoban
+from configs import bandit, countdown, frozen_lake, qa, sokoban, sudoku_4x4
 from envs.qa import dataset
 from envs.sokoban import solve
 from reference import countdown as ref_countdown
@@ -118,6 +118,38 @@ def test_expert_replies_replay_to_success_in_the_reference_rules(name):
     if solved:
       assert int(traj.num_actions[b]) == length  # a shortest solution
       assert len(replies) == -(-length // cfg.max_actions_per_turn)
+
+
+def test_sudoku_replies_spell_each_move_as_its_cell_then_its_digit():
+  setup = assembly.build(
+    small(sudoku_4x4.get_config(None), **{"sft.max_turns": 6})
+  )
+  key = jax.random.key(7)
+  cfg, traj, found = expert_episodes(setup, key)
+  states = to_numpy(rollout.reset(setup.env, cfg, rollout.reset_key(key)))
+  traj, tok = to_numpy(traj), setup.tokenizer
+  cells = {f"r{r}c{c}=" for r in range(1, 5) for c in range(1, 5)}
+  assert np.asarray(found).all()
+  for b in range(EPISODES):
+    pieces = [tok.decode([t]) for t in traj.tokens[b][traj.loss_mask[b]]]
+    moves = [i for i, p in enumerate(pieces) if p in cells]
+    assert moves and all(pieces[i + 1] in "1234" for i in moves), pieces
+    game = ref.Sudoku(
+      index(states, b).board.reshape(4, 4).tolist(), box=2, max_steps=100
+    )
+    for reply in replies_of(traj, tok, b):
+      matched, actions = ref_text.parse(
+        ("<answer>" + reply).encode(),
+        think=False,
+        markers=(),
+        max_actions=cfg.max_actions_per_turn,
+        action_names=setup.env.spec.action_names,
+      )
+      assert matched and min(actions) >= 0, reply
+      for a in actions:
+        assert game.step(a // 16, a // 4 % 4, a % 4 + 1).valid, (b, reply)
+    assert game.solved() and bool(traj.success[b]), b
+    assert len(moves) == int(traj.num_actions[b])
 
 
 @functools.cache

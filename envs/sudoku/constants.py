@@ -16,6 +16,12 @@ ACTIONS = tuple(
   for r, c, d in itertools.product(range(SIZE), repeat=3)
 )
 
+# What a move is spelled from: its cell, then its digit (a compact
+# vocabulary gets a token for each, not one for each of the 64 moves).
+CELL_PIECES = tuple(
+  f"r{r + 1}c{c + 1}=" for r, c in itertools.product(range(SIZE), repeat=2)
+)
+
 INSTRUCTIONS = (
   "You are solving a 4x4 Sudoku: fill each empty cell (.) so that every "
   "row, column and 2x2 box holds 1 to 4 once. Name a move as r<row>c<column>"

@@ -57,17 +57,17 @@ class Sudoku4x4(core.TextEnv):
     self.max_steps = max_steps
     table = render.PieceTable()
     self._symbols = table.add_all(constants.SYMBOLS)
-    self._space = table.add(" ")
     self._newline = table.add("\n")
     n = constants.SIZE
     self.spec = core.EnvSpec(
       name="sudoku_4x4",
       pieces=table.pieces,
       action_names=constants.ACTIONS,
+      answer_pieces=(*constants.CELL_PIECES, *constants.SYMBOLS[1:]),
       instructions=constants.INSTRUCTIONS,
       legend=(),
       list_actions=False,
-      max_obs_pieces=n * n + n * (n - 1) + n - 1,
+      max_obs_pieces=n * n + n - 1,
       max_steps=max_steps,
     )
 
@@ -121,11 +121,8 @@ class Sudoku4x4(core.TextEnv):
     )
 
   def render(self, state: State) -> tuple[jax.Array, jax.Array]:
-    """Rows of digits (``.`` empty) separated by spaces, one per line."""
+    """Rows of digits (``.`` empty), one per line, as Jumanji's 9x9."""
     n = constants.SIZE
-    ids = jnp.asarray(self._symbols)[state.board].reshape(n, n, 1)
-    space = jnp.full((n, n, 1), self._space)
-    row = jnp.concatenate([ids, space], axis=2).reshape(n, 2 * n)
-    # Each row's last space becomes its newline; the last newline goes.
-    row = row.at[:, -1].set(self._newline)
-    return row.reshape(-1)[:-1], jnp.asarray(self.spec.max_obs_pieces)
+    ids = jnp.asarray(self._symbols)[state.board].reshape(n, n)
+    rows = jnp.concatenate([ids, jnp.full((n, 1), self._newline)], axis=1)
+    return rows.reshape(-1)[:-1], jnp.asarray(self.spec.max_obs_pieces)

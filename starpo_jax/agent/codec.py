@@ -132,10 +132,10 @@ def prompt_pieces(spec: EnvSpec, settings: PromptSettings) -> list[str]:
   fmt = FORMAT_THINK if settings.enable_think else FORMAT_NO_THINK
   return [
     *spec.pieces,
-    # What answers are made of, so each action is one token.
+    # What answers are made of: each action one token, unless the
+    # environment names the parts its names are spelled from.
     *spec.answer_pieces,
-    *spec.action_names,
-    *(f" {name}" for name in spec.action_names),
+    *_name_pieces(spec),
     "||",
     " || ",
     system_text(spec, settings),
@@ -151,6 +151,14 @@ def prompt_pieces(spec: EnvSpec, settings: PromptSettings) -> list[str]:
     "assistant",
     *_tool_pieces(spec),
   ]
+
+
+def _name_pieces(spec: EnvSpec) -> list[str]:
+  """The action names as compact-vocabulary pieces, alone and after a
+  space; none when ``spec.answer_pieces`` spell them."""
+  if spec.answer_pieces:
+    return []
+  return [*spec.action_names, *(f" {name}" for name in spec.action_names)]
 
 
 def _tool_pieces(spec: EnvSpec) -> list[str]:
