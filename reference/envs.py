@@ -414,7 +414,13 @@ class Sudoku:
       effective=effective,
     )
 
-  def text(self) -> str:
+  def text(self, mode: str = "grid") -> str:
+    """``grid``: rows of digits, ``.`` empty; ``cells``: each cell as
+    ``r1c2=4`` (``r1c2=.`` empty), spaces between, a row a line."""
+    show = lambda v: str(v) if v else "."
+    if mode == "grid":
+      return "\n".join("".join(map(show, row)) for row in self.grid)
     return "\n".join(
-      "".join(str(v) if v else "." for v in row) for row in self.grid
+      " ".join(f"r{r + 1}c{c + 1}={show(v)}" for c, v in enumerate(row))
+      for r, row in enumerate(self.grid)
     )

@@ -29,8 +29,14 @@ class Sudoku4x4(core.TextEnv):
   """Fill the board's empty cells so that every row, column and box holds
   each digit once."""
 
+  RENDER_MODES = ("grid", "cells")
+
   def __init__(
-    self, min_empty: int = 6, max_empty: int = 10, max_steps: int = 100
+    self,
+    min_empty: int = 6,
+    max_empty: int = 10,
+    max_steps: int = 100,
+    render_mode: str = "grid",
   ) -> None:
     """Validates the settings before anything compiles.
 
@@ -38,6 +44,9 @@ class Sudoku4x4(core.TextEnv):
       min_empty, max_empty: a level has a uniform number of empty cells
         between them (inclusive).
       max_steps: legal moves before the episode is truncated.
+      render_mode: ``"grid"``, rows of digits (``.`` empty) as Jumanji's
+        9x9; ``"cells"``, each cell named as a move names it, then its
+        digit: ``r1c1=2 r1c2=. r1c3=. r1c4=1`` a row.
     """
     for name, value in (("min_empty", min_empty), ("max_empty", max_empty)):
       if not isinstance(value, int) or not 1 <= value <= constants.CELLS:
@@ -53,12 +62,22 @@ class Sudoku4x4(core.TextEnv):
       raise ValueError(
         f"sudoku_4x4: max_steps must be a positive integer, got {max_steps!r}"
       )
+    if render_mode not in self.RENDER_MODES:
+      raise ValueError(
+        f"sudoku_4x4: render_mode={render_mode!r}; expected one of "
+        f"{self.RENDER_MODES}"
+      )
     self.min_empty, self.max_empty = min_empty, max_empty
-    self.max_steps = max_steps
+    self.max_steps, self.render_mode = max_steps, render_mode
     table = render.PieceTable()
     self._symbols = table.add_all(constants.SYMBOLS)
     self._newline = table.add("\n")
     n = constants.SIZE
+    if render_mode == "cells":
+      self._cells = table.add_all(constants.CELL_PIECES)
+      self._space = table.add(" ")
+    # Every cell's pieces and the newlines between rows.
+    pieces = n * n + n - 1 if render_mode == "grid" else 3 * n * n - 1
     self.spec = core.EnvSpec(
       name="sudoku_4x4",
       pieces=table.pieces,
@@ -67,7 +86,7 @@ class Sudoku4x4(core.TextEnv):
       instructions=constants.INSTRUCTIONS,
       legend=(),
       list_actions=False,
-      max_obs_pieces=n * n + n - 1,
+      max_obs_pieces=pieces,
       max_steps=max_steps,
     )
 
@@ -121,8 +140,14 @@ class Sudoku4x4(core.TextEnv):
     )
 
   def render(self, state: State) -> tuple[jax.Array, jax.Array]:
-    """Rows of digits (``.`` empty), one per line, as Jumanji's 9x9."""
     n = constants.SIZE
-    ids = jnp.asarray(self._symbols)[state.board].reshape(n, n)
-    rows = jnp.concatenate([ids, jnp.full((n, 1), self._newline)], axis=1)
-    return rows.reshape(-1)[:-1], jnp.asarray(self.spec.max_obs_pieces)
+    digits = jnp.asarray(self._symbols)[state.board].reshape(n, n, 1)
+    if self.render_mode == "grid":
+      parts = [digits]
+    else:
+      gap = jnp.full((n, n, 1), self._space).at[:, -1].set(self._newline)
+      parts = [jnp.asarray(self._cells).reshape(n, n, 1), digits, gap]
+    cells = jnp.concatenate(parts, axis=2).reshape(n, -1)
+    if self.render_mode == "grid":
+      cells = jnp.concatenate([cells, jnp.full((n, 1), self._newline)], 1)
+    return cells.reshape(-1)[:-1], jnp.asarray(self.spec.max_obs_pieces)

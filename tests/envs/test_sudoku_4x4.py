@@ -84,8 +84,9 @@ def draw_moves(board: np.ndarray, steps: int, rng) -> list:
   return out
 
 
-def test_steps_and_text_match_the_plain_python_rules():
-  env = envs.make("sudoku_4x4", max_steps=6)
+@pytest.mark.parametrize("mode", ["grid", "cells"])
+def test_steps_and_text_match_the_plain_python_rules(mode):
+  env = envs.make("sudoku_4x4", max_steps=6, render_mode=mode)
   levels, steps = 128, 14
   states = jax.tree.map(lambda x: x[:levels], level_pool("sudoku_4x4"))
   boards = to_numpy(states).board
@@ -95,7 +96,7 @@ def test_steps_and_text_match_the_plain_python_rules():
   seen = set()
   for i in range(levels):
     game = peer(boards[i], max_steps=6)
-    assert text(env.spec, out["pieces0"][i], out["n0"][i]) == game.text()
+    assert text(env.spec, out["pieces0"][i], out["n0"][i]) == game.text(mode)
     for t in range(steps):
       a = int(actions[i, t])
       want = game.step(a // 16, a // 4 % 4, a % 4 + 1)
@@ -103,7 +104,9 @@ def test_steps_and_text_match_the_plain_python_rules():
         got = out[field][i, t]
         assert got == getattr(want, field), (i, t, field)
       assert out["effective"][i, t] == want.effective, (i, t)
-      assert text(env.spec, out["pieces"][i, t], out["n"][i, t]) == game.text()
+      assert text(env.spec, out["pieces"][i, t], out["n"][i, t]) == game.text(
+        mode
+      )
       seen.add((want.valid, want.terminated, want.truncated, want.success))
   # Legal and illegal moves, dead ends, truncation and solved boards met.
   assert (False, False, False, False) in seen
@@ -169,6 +172,7 @@ def test_a_board_with_a_wrong_legal_digit_has_no_plan():
     ({"max_empty": 17}, "max_empty must be an integer from 1 to 16"),
     ({"min_empty": 9, "max_empty": 8}, "min_empty=9 is more than max_empty=8"),
     ({"max_steps": 0}, "max_steps must be a positive integer"),
+    ({"render_mode": "coord"}, "render_mode='coord'; expected one of"),
   ],
 )
 def test_bad_settings_are_named(kwargs, match):
