@@ -72,6 +72,18 @@ def replies_of(traj, tok, b):
   ]
 
 
+def read_reply(reply, cfg, names):
+  """A reply read back with RAGEN's grammar, independently of the jitted
+  parser: (matched, action ids)."""
+  return ref_text.parse(
+    ("<answer>" + reply).encode(),
+    think=False,
+    markers=(),
+    max_actions=cfg.max_actions_per_turn,
+    action_names=names,
+  )
+
+
 def shortest(name, env, s, peer):
   if name == "sokoban":
     return len(solve(s.walls, s.targets, s.boxes, int(s.player), env.cols))
@@ -101,14 +113,7 @@ def test_expert_replies_replay_to_success_in_the_reference_rules(name):
     length = shortest(name, setup.env, s, peer)
     replies = replies_of(traj, setup.tokenizer, b)
     for reply in replies:
-      # Read back with RAGEN's grammar, independently of the jitted parser.
-      matched, actions = ref_text.parse(
-        ("<answer>" + reply).encode(),
-        think=False,
-        markers=(),
-        max_actions=cfg.max_actions_per_turn,
-        action_names=names,
-      )
+      matched, actions = read_reply(reply, cfg, names)
       assert matched and actions and min(actions) >= 0, reply
       for a in actions:
         peer.step(a)
@@ -138,13 +143,7 @@ def test_sudoku_replies_spell_each_move_as_its_cell_then_its_digit():
       index(states, b).board.reshape(4, 4).tolist(), box=2, max_steps=100
     )
     for reply in replies_of(traj, tok, b):
-      matched, actions = ref_text.parse(
-        ("<answer>" + reply).encode(),
-        think=False,
-        markers=(),
-        max_actions=cfg.max_actions_per_turn,
-        action_names=setup.env.spec.action_names,
-      )
+      matched, actions = read_reply(reply, cfg, setup.env.spec.action_names)
       assert matched and min(actions) >= 0, reply
       for a in actions:
         assert game.step(a // 16, a // 4 % 4, a % 4 + 1).valid, (b, reply)
@@ -295,13 +294,7 @@ def test_world_model_targets_are_the_environments_next_observations():
         assert marked == cells, (b, k, marked, cells)
         moved += bool(cells)
       later += k > 0
-      _, actions = ref_text.parse(
-        ("<answer>" + reply).encode(),
-        think=False,
-        markers=(),
-        max_actions=cfg.max_actions_per_turn,
-        action_names=names,
-      )
+      _, actions = read_reply(reply, cfg, names)
       for a in actions:
         peer.step(a)
   assert later >= EPISODES  # most episodes show two later boards
@@ -368,13 +361,7 @@ def test_search_imitates_the_first_moves_of_a_success_it_found():
   for b in np.flatnonzero(found):
     peer = peer_of("frozen_lake", setup.env, index(states, b))
     (reply,) = replies_of(traj, setup.tokenizer, b)
-    matched, actions = ref_text.parse(
-      ("<answer>" + reply).encode(),
-      think=False,
-      markers=(),
-      max_actions=cfg.max_actions_per_turn,
-      action_names=setup.env.spec.action_names,
-    )
+    matched, actions = read_reply(reply, cfg, setup.env.spec.action_names)
     assert matched and actions, reply
     for a in actions:
       peer.step(a)
