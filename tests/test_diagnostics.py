@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from starpo_jax.agent.rollout import Trajectory
-from starpo_jax.algo import diagnostics
+from starpo_jax.algo import diagnostics, logprobs
 
 G, K = 4, 3  # groups, episodes per group
 B = G * K
@@ -171,11 +171,15 @@ def toy_logp_np(seq: np.ndarray, p: int) -> float:
   return math.sin(0.37 * float(np.sum(seq[:p] * W[:p])) + seq[p]) - 2.0
 
 
-@pytest.mark.parametrize("context", [64, 9])
-def test_cross_loglik_scores_each_reply_after_each_prompt(context):
+@pytest.mark.parametrize(
+  ("context", "budget"), [(64, 0), (9, 0), (64, 2 * L), (9, 9)]
+)
+def test_cross_loglik_scores_each_reply_after_each_prompt(context, budget):
+  # With a token budget each prompt scores the replies a few rows at a time.
+  logp = logprobs.in_micro_batches(toy_logp, budget)
   traj = trajectory()
   total, n = jax.jit(diagnostics.cross_loglik, static_argnums=(0, 2, 3, 4))(
-    toy_logp, traj, len(PROMPTS), 8, context
+    logp, traj, len(PROMPTS), 8, context
   )
   tokens = np.asarray(traj.tokens)
   first = np.asarray(traj.loss_mask) & (np.asarray(traj.turn_ids) == 0)

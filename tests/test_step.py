@@ -307,6 +307,45 @@ def test_micro_batch_count_follows_the_token_budget():
     update_lib.micro_batches(32, 1280, 1000)
 
 
+def test_forward_passes_run_in_micro_batches_of_rows():
+  seen = []
+
+  def fn(tokens, positions):
+    seen.append(tokens.shape)
+    return jnp.sum(tokens, 1) * 10 + positions[:, 0], positions * 2
+
+  tokens = jnp.arange(8 * 6).reshape(8, 6)
+  positions = jnp.arange(8 * 3).reshape(8, 3)
+  want = fn(tokens, positions)
+  seen.clear()
+  # 12 tokens hold 2 rows of 6: 4 micro-batches, in order.
+  got = jax.jit(logprobs.in_micro_batches(fn, 12))(tokens, positions)
+  assert seen == [(2, 6)]
+  for g, w in zip(got, want, strict=True):
+    np.testing.assert_array_equal(g, w)
+  with pytest.raises(ValueError, match="micro_batch_tokens=5"):
+    logprobs.in_micro_batches(fn, 5)(tokens, positions)
+
+
+def test_scoring_within_a_token_budget_gives_the_same_values(real):
+  # The critic's values of the held rows, one row at a time.
+  tokens, held = real.batch.tokens, real.prepared.held
+  budget = tokens.shape[1]
+  algo = dataclasses.replace(real.spec.algo, micro_batch_tokens=budget)
+  assert logprobs.micro_batches(tokens.shape[0], budget, budget) > 1
+
+  def score(spec):
+    fn = lambda state, codec: step_lib.score_models(
+      spec, state, codec, tokens, held
+    )
+    return jax.jit(fn)(real.state, real.setup.codec).values
+
+  want = score(real.spec)
+  assert float(jnp.max(jnp.abs(want))) > 0.0
+  got = score(dataclasses.replace(real.spec, algo=algo))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_token_budget_trains_the_same_step():
   # Without the periodic diagnostics (none runs at step 1): half the compile.
   setup = assembly.build(

@@ -5,6 +5,7 @@ logits array), with the sampling's temperature and allowed tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -36,6 +37,47 @@ def pack_generated(traj: Trajectory, size: int) -> tuple[jax.Array, jax.Array]:
   positions = generated_positions(traj.loss_mask, size)
   count = jnp.sum(traj.loss_mask, 1)[:, None]
   return positions, jnp.arange(size) < count
+
+
+def micro_batches(sequences: int, length: int, tokens: int) -> int:
+  """How many micro-batches a minibatch of ``sequences`` x ``length``
+  tokens is cut into so that each holds at most ``tokens`` (0: one).
+
+  Raises:
+    ValueError: naming ``algo.micro_batch_tokens`` when one sequence is
+      already over the budget.
+  """
+  if tokens <= 0:
+    return 1
+  if length > tokens:
+    raise ValueError(
+      f"algo: micro_batch_tokens={tokens} is less than one sequence of "
+      f"{length} tokens (rollout.max_context)"
+    )
+  per_micro = tokens // length
+  return next(
+    m
+    for m in range(1, sequences + 1)
+    if sequences % m == 0 and sequences // m <= per_micro
+  )
+
+
+def in_micro_batches(fn: Callable[..., Any], tokens_budget: int):
+  """``fn(tokens [B, L], *rows)`` on micro-batches of rows holding at most
+  ``tokens_budget`` tokens each (``micro_batches``; 0: all at once), one
+  after another: a forward pass without gradients (scoring, diagnostics)
+  within ``algo.micro_batch_tokens``, as the update's. Every argument and
+  output is ``[B, ...]``."""
+
+  def run(tokens: jax.Array, *rows: jax.Array):
+    micro = micro_batches(tokens.shape[0], tokens.shape[1], tokens_budget)
+    if micro == 1:
+      return fn(tokens, *rows)
+    split = lambda x: x.reshape(micro, x.shape[0] // micro, *x.shape[1:])
+    out = jax.lax.map(lambda xs: fn(*xs), tuple(map(split, (tokens, *rows))))
+    return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:]), out)
+
+  return run
 
 
 def _before_each(

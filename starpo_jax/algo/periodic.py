@@ -20,14 +20,14 @@ from starpo_jax.agent.rollout import (
 from starpo_jax.algo import diagnostics, filtering
 from starpo_jax.algo.batch import Batch, Prepared
 from starpo_jax.algo.config import AlgoConfig
-from starpo_jax.algo.logprobs import sequence_logprobs
+from starpo_jax.algo.logprobs import (
+  in_micro_batches,
+  micro_batches,
+  sequence_logprobs,
+)
 from starpo_jax.algo.spec import Distribution, StepSpec
 from starpo_jax.algo.state import TrainState, joined, trainable
-from starpo_jax.algo.update import (
-  batch_gradients,
-  micro_batches,
-  policy_objective,
-)
+from starpo_jax.algo.update import batch_gradients, policy_objective
 
 # Weights of (task, entropy bonus, KL loss) in ``term_objective``.
 TERMS = {
@@ -135,6 +135,8 @@ def diagnose(
       codec.allowed,
       spec.algo.logits_chunk,
     )[0]
+    # Each prompt's scoring within the update's token budget.
+    logp_fn = in_micro_batches(logp_fn, spec.algo.micro_batch_tokens)
     out.update(
       diagnostics.collapse(
         logp_fn,

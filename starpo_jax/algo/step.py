@@ -43,6 +43,7 @@ from starpo_jax.algo.batch import (
 )
 from starpo_jax.algo.config import AlgoConfig
 from starpo_jax.algo.logprobs import (
+  in_micro_batches,
   pack_generated,
   sequence_logprobs,
   sequence_values,
@@ -131,19 +132,17 @@ def score_models(
   learner, algo, dist = spec.learner, spec.algo, spec.distribution(codec)
   positions, mask = scored.positions, scored.mask
   ref_logp, rewards, values = scored.ref_logp, scored.rewards, scored.values
+  # Forward passes only, within the update's token budget.
+  budget = algo.micro_batch_tokens
   if algo.uses_reference:
     reference = nnx.merge(
       learner.policy_def,
       frozen_base(state.policy) if learner.adapters else state.reference,
     )
-    ref_logp, _ = sequence_logprobs(
-      reference,
-      tokens,
-      positions,
-      dist.temperature,
-      dist.allowed,
-      algo.logits_chunk,
-    )
+    ref_fn = lambda t, p: sequence_logprobs(
+      reference, t, p, dist.temperature, dist.allowed, algo.logits_chunk
+    )[0]
+    ref_logp = in_micro_batches(ref_fn, budget)(tokens, positions)
     ref_logp = jax.lax.stop_gradient(ref_logp)
   kl = losses.kl(scored.old_logp, ref_logp, algo.kl_estimator) * mask
   if algo.uses_reference and algo.kl_in_reward:
@@ -153,7 +152,8 @@ def score_models(
       learner.critic_def,
       joined(state.critic, critic_base(learner, state.policy)),
     )
-    values = sequence_values(critic, tokens, positions)
+    values_fn = lambda t, p: sequence_values(critic, t, p)
+    values = in_micro_batches(values_fn, budget)(tokens, positions)
     values = jax.lax.stop_gradient(values) * mask
   return scored.replace(
     ref_logp=ref_logp, kl=kl, rewards=rewards, values=values

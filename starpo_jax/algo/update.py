@@ -22,7 +22,11 @@ from starpo_jax.algo.batch import (
   needed_length,
 )
 from starpo_jax.algo.config import AlgoConfig
-from starpo_jax.algo.logprobs import sequence_logprobs, sequence_values
+from starpo_jax.algo.logprobs import (
+  micro_batches,
+  sequence_logprobs,
+  sequence_values,
+)
 from starpo_jax.algo.spec import Distribution, StepSpec
 from starpo_jax.algo.state import (
   TrainState,
@@ -90,29 +94,6 @@ def critic_objective(
     aggregation=algo.loss_agg,
   )
   return loss, {"value_loss": loss, "value_clip_frac": clip_frac}
-
-
-def micro_batches(sequences: int, length: int, tokens: int) -> int:
-  """How many micro-batches a minibatch of ``sequences`` x ``length``
-  tokens is cut into so that each holds at most ``tokens`` (0: one).
-
-  Raises:
-    ValueError: naming ``algo.micro_batch_tokens`` when one sequence is
-      already over the budget.
-  """
-  if tokens <= 0:
-    return 1
-  if length > tokens:
-    raise ValueError(
-      f"algo: micro_batch_tokens={tokens} is less than one sequence of "
-      f"{length} tokens (rollout.max_context)"
-    )
-  per_micro = tokens // length
-  return next(
-    m
-    for m in range(1, sequences + 1)
-    if sequences % m == 0 and sequences // m <= per_micro
-  )
 
 
 def batch_gradients(
