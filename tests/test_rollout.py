@@ -448,3 +448,51 @@ def test_bandit_arm_not_offered_is_invalid_and_penalised():
   assert traj.turn_valid[:, 1].all() and traj.success.all()
   first = tok.decode(traj.tokens[0, : traj.length[0]])
   assert "No valid action provided previously." in first
+
+
+def test_a_rollout_in_chunks_plays_the_same_episodes():
+  # Greedy, so the sampling keys (one per chunk) do not matter: each chunk
+  # of whole groups must play exactly what the whole batch plays.
+  tok = TOKENIZERS["compact"]()
+  env = envs.make("sokoban")
+  cfg = rollout.RolloutConfig(
+    env_groups=4,
+    group_size=2,
+    max_turns=3,
+    max_new_tokens=8,
+    max_context=640,
+    temperature=0.0,
+  )
+  codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
+  model = transformer.create(
+    transformer.preset("tiny", vocab_size=tok.vocab_size)
+  )
+  whole = to_numpy(runner("sokoban", cfg)[1](model, codec, jax.random.key(3)))
+  assert whole.loss_mask.sum() > 40
+  for chunks in (2, 4):
+    part = dataclasses.replace(cfg, chunks=chunks)
+    got = to_numpy(runner("sokoban", part)[1](model, codec, jax.random.key(3)))
+    for name in ("tokens", "length", "loss_mask", "turn_rewards", "success"):
+      np.testing.assert_array_equal(
+        getattr(got, name), getattr(whole, name), err_msg=name
+      )
+    np.testing.assert_allclose(got.logprobs, whole.logprobs, atol=1e-5)
+
+
+def test_chunks_must_split_whole_groups_of_a_jittable_environment():
+  with pytest.raises(ValueError, match="chunks=3 must divide the 4 groups"):
+    rollout.RolloutConfig(env_groups=4, chunks=3)
+  with pytest.raises(ValueError, match="chunks must be a positive integer"):
+    rollout.RolloutConfig(chunks=0)
+  tok = TOKENIZERS["compact"]()
+  host = envs.make("gym_sokoban", levels="sokoban").with_tokenizer(tok.encode)
+  cfg = rollout.RolloutConfig(env_groups=2, group_size=1, chunks=2)
+  codec = codec_lib.Codec.build(tok, host.spec, cfg.prompt_settings())
+  with pytest.raises(ValueError, match="chunks=2 needs a jittable environment"):
+    rollout.rollout(
+      ScriptedPolicy(jnp.zeros((2, 1), jnp.int32), tok.vocab_size),
+      codec,
+      host,
+      cfg,
+      jax.random.key(0),
+    )

@@ -62,10 +62,15 @@ class RolloutConfig:
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
+  # The batch played in this many parts one after another, each of whole
+  # groups with its own KV cache: 1/chunks of the rollout's memory, the
+  # same episodes (jittable environments only).
+  chunks: int = 1
 
   def __post_init__(self) -> None:
     settings.check(self, "rollout")
     for name in (
+      "chunks",
       "env_groups",
       "group_size",
       "max_turns",
@@ -79,6 +84,11 @@ class RolloutConfig:
         raise ValueError(
           f"rollout: {name} must be a positive integer, got {value!r}"
         )
+    if self.env_groups % self.chunks:
+      raise ValueError(
+        f"rollout: chunks={self.chunks} must divide the {self.env_groups} "
+        "groups played at once (env_groups)"
+      )
     self.sampling  # noqa: B018 (validates temperature, top_k, top_p)
     self.prompt_settings()  # validates the prompt style
 
@@ -297,16 +307,16 @@ def _start(
   codec: Codec,
   env: Env,
   cfg: RolloutConfig,
-  key: jax.Array,
+  states: Any,
+  k_sample: jax.Array,
   chunk: int,
 ) -> _Carry:
-  """Fresh episodes with the system prompt prefilled (once, then broadcast:
-  it is the same for every episode)."""
+  """The episodes ``states`` with the system prompt prefilled (once, then
+  broadcast: it is the same for every episode)."""
   b, length = cfg.batch, cfg.max_context
   # Buffers and cache get `chunk` slack so a chunk written near the end of
   # the context never clamps onto earlier tokens.
   width = length + chunk
-  k_reset, k_sample = jax.random.split(key)
   system = jnp.asarray(codec.fragments.system, jnp.int32)
   if system.shape[0] + chunk + 1 > length:
     raise ValueError(
@@ -318,7 +328,6 @@ def _start(
   zeros = jnp.zeros((b, width), jnp.int32)
   false = jnp.zeros((b,), bool)
   results = codec.tools.budget if codec.tools else 1
-  states = reset(env, cfg, k_reset)
   return _Carry(
     states=states,
     cache=cache.broadcast(b),
@@ -637,10 +646,42 @@ def rollout(
 
   The cache ``model.init_cache`` returns must have ``length [B]`` (tokens
   held per sequence) and ``broadcast(batch)``. ``constrain`` places
-  episode-batch arrays on devices (``sharding.batch_constraint``).
+  episode-batch arrays on devices (``sharding.batch_constraint``), those
+  of the whole batch and, with ``cfg.chunks``, of a part.
   """
+  k_reset, k_sample = jax.random.split(key)
+  states = reset(env, cfg, k_reset)
+  if cfg.chunks == 1:
+    return _play(model, codec, env, cfg, states, k_sample, constrain)
+  if isinstance(env, HostEnvironment):
+    raise ValueError(
+      f"rollout: chunks={cfg.chunks} needs a jittable environment; a "
+      "Python one plays its whole batch at once (chunks=1)"
+    )
+  part = dataclasses.replace(
+    cfg, env_groups=cfg.env_groups // cfg.chunks, chunks=1
+  )
+  split = lambda x: x.reshape(
+    cfg.chunks, x.shape[0] // cfg.chunks, *x.shape[1:]
+  )
+  play = lambda args: _play(model, codec, env, part, *args, constrain)
+  keys = jax.random.split(k_sample, cfg.chunks)
+  out = jax.lax.map(play, (jax.tree.map(split, states), keys))
+  return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:]), out)
+
+
+def _play(
+  model: Policy,
+  codec: Codec,
+  env: Env,
+  cfg: RolloutConfig,
+  states: Any,
+  k_sample: jax.Array,
+  constrain: Callable[[Any], Any],
+) -> Trajectory:
+  """``rollout``'s turns for the episodes ``states`` (``cfg.batch``)."""
   chunk = codec.turn_chunk_size(cfg.max_turns, cfg.max_actions_per_traj)
-  carry = constrain(_start(model, codec, env, cfg, key, chunk))
+  carry = constrain(_start(model, codec, env, cfg, states, k_sample, chunk))
 
   def turn_body(c: _Carry, turn: jax.Array) -> tuple[_Carry, _TurnRecord]:
     p = _prompt(model, codec, env, cfg, c, turn, chunk)

@@ -42,7 +42,8 @@ class AlgoConfig:
   minibatches: int = 4
   # Tokens a forward and backward pass may hold at once: each minibatch is
   # cut into as many micro-batches as that needs, their gradients summed
-  # (the same update, less memory). 0: the whole minibatch at once.
+  # (the same update, less memory); scoring and the collapse diagnostics
+  # run over rows in the same budget. 0: the whole minibatch at once.
   micro_batch_tokens: int = 0
   logits_chunk: int = 512  # sequence chunk for log-probabilities
   # Scoring and the update run at the shortest of this many static lengths

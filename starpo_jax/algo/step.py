@@ -313,8 +313,9 @@ def make_step(spec: StepSpec, mesh: Any = None):
     )
   held = held_groups(spec) * spec.rollout.group_size
   on_rollout = sharding.batch_constraint(mesh, b)
+  on_part = sharding.batch_constraint(mesh, b // spec.rollout.chunks)
   on_held = sharding.batch_constraint(mesh, held)
-  on_batch = lambda tree: on_held(on_rollout(tree))
+  on_batch = lambda tree: on_held(on_part(on_rollout(tree)))
   on_minibatch = sharding.batch_constraint(mesh, b // algo.minibatches)
 
   def step(state: TrainState, codec: Codec):
