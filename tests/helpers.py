@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import pathlib
 import struct
 from collections.abc import Callable, Iterator
@@ -16,6 +17,66 @@ import numpy as np
 from flax import nnx
 
 from reference import envs as ref
+
+# A float32 sum of n terms taken in another order (another batch layout,
+# another device count, another CPU's kernels) moves by about
+# sqrt(n) * eps of the terms' magnitude: 3.8e-5 for the 10^5 terms of a
+# gradient element over a minibatch of a few thousand tokens. Quantities
+# that are such sums (losses, gradients, an SGD step) agree to this
+# fraction of their own scale, never to a fixed absolute figure.
+F32_SUM_RTOL = float(np.sqrt(1e5) * np.finfo(np.float32).eps)
+
+
+def assert_close_at_scale(got, want, rtol: float = F32_SUM_RTOL, err_msg=""):
+  """``got`` equals ``want`` to ``rtol`` of ``want``'s largest magnitude
+  (a normwise comparison: an element near zero is held to its array's
+  scale, not to its own)."""
+  got, want = np.asarray(got), np.asarray(want)
+  assert got.shape == want.shape, (got.shape, want.shape, err_msg)
+  scale = float(np.max(np.abs(want), initial=0.0))
+  np.testing.assert_allclose(
+    got, want, rtol=0, atol=rtol * scale, err_msg=err_msg
+  )
+
+
+def assert_same_step(old, got, want, rtol: float = F32_SUM_RTOL):
+  """Parameters ``got`` and ``want`` moved from ``old`` by the same step
+  (lists of arrays): each leaf's step to ``rtol`` of its largest element,
+  plus the rounding of the parameters themselves (two ulps: a step far
+  smaller than a weight is resolved only to the weight's precision).
+
+  Meant for steps linear in the gradient (SGD). Adam's first step is
+  ``lr * g / (|g| + eps)``: rounding noise in a gradient element near zero
+  becomes a step anywhere in ``[-lr, lr]``, so Adam's parameters agree
+  only as far as its gradients' signs do."""
+  for o, a, b in zip(old, got, want, strict=True):
+    o, a, b = (np.asarray(x, np.float64) for x in (o, a, b))
+    step_a, step_b = a - o, b - o
+    tol = rtol * np.max(np.abs(step_b)) + 2 * np.spacing(
+      np.abs(b).astype(np.float32)
+    )
+    excess = np.abs(step_a - step_b) - tol
+    assert excess.max(initial=-1.0) <= 0, (
+      f"a leaf {o.shape} took another step: |got - want| = "
+      f"{np.abs(step_a - step_b).max():.3g} against a step of "
+      f"{np.abs(step_b).max():.3g}"
+    )
+
+
+def sgd_learner(setup):
+  """``setup``'s learner with plain SGD at the run's learning rates: a
+  step linear in the gradient, for equivalence tests
+  (``assert_same_step``)."""
+  import optax
+
+  from starpo_jax.run import assembly
+
+  o = setup.config.optim
+  return dataclasses.replace(
+    assembly.make_learner(setup),
+    policy_tx=optax.sgd(o.lr),
+    critic_tx=optax.sgd(o.critic_lr),
+  )
 
 
 def critic_with_opinions(state) -> None:
