@@ -190,7 +190,10 @@ def test_two_processes_agree(tmp_path):
   stop = results[0]["steps"]
   assert results[1]["steps"] == stop and 2 <= stop < 60
   assert results[0]["metrics"] == results[1]["metrics"]
-  # Step 2 of the pair equals the single process's last (step 2).
+  # Step 2 of the pair equals the single process's last (step 2). After
+  # an Adam step, yet held tight: both runs shard the same program over
+  # two devices, and a sum of two partial results is the same in either
+  # order, so nothing is summed differently (any kind of CPU).
   records = [json.loads(line) for line in metrics.read_text().splitlines()]
   two = next(r for r in records if r["step"] == 2)
   one = results[2]["metrics"]
