@@ -55,19 +55,22 @@ def time_python(fn: Callable[[], Any], min_seconds: float = 1.0) -> float:
   return statistics.median(times)
 
 
-def machine() -> dict[str, Any]:
-  """What the figures were measured on."""
-  cpu = platform.processor() or platform.machine()
+def cpu_model() -> str:
+  """The CPU's model name (``/proc/cpuinfo``), else what Python knows."""
   try:
     with open("/proc/cpuinfo") as f:
       for line in f:
         if line.startswith("model name"):
-          cpu = line.split(":", 1)[1].strip()
-          break
+          return line.split(":", 1)[1].strip()
   except OSError:
     pass
+  return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+  """What the figures were measured on."""
   return {
-    "cpu": cpu,
+    "cpu": cpu_model(),
     "cores": os.cpu_count(),
     "jax": jax.__version__,
     "backend": jax.default_backend(),

@@ -59,6 +59,22 @@ LONGEST_FIRST = (
 )
 
 
+def _machine() -> str:
+  from benchmarks.common import cpu_model
+
+  return f"CPU: {cpu_model()}, {os.cpu_count()} cores"
+
+
+def pytest_report_header(config):
+  return _machine()
+
+
+def pytest_terminal_summary(terminalreporter):
+  # Also under -q, which drops the header: a failure names its machine
+  # (float rounding differs between CPU kinds).
+  terminalreporter.write_line(_machine())
+
+
 def pytest_collection_modifyitems(config, items):
   def rank(item) -> int:
     path = item.nodeid.split("::", 1)[0]
