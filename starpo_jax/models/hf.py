@@ -2,7 +2,7 @@
 
   model = hf.load("/path/to/Qwen2.5-0.5B-Instruct")
   hf.save(model, "/path/to/export")          # opens in transformers and vLLM
-  python -m starpo_jax.hf verify PATH  # logits against transformers
+  python -m starpo_jax.hf verify PATH  # against transformers (cli/verify.py)
 
 Safetensors files are memory-mapped and converted tensor by tensor (one
 layer at a time for stacked parameters), so a model loads without a second
@@ -409,14 +409,43 @@ def load(
     CheckpointError: naming the file or tensor that is missing, unexpected,
       of the wrong shape or truncated, or the unsupported setting.
   """
-  cfg = read_config(path)
+  return load_tensors(
+    read_config(path),
+    _open_tensors(path),
+    path,
+    "config.json",
+    dtype=dtype,
+    param_dtype=param_dtype,
+    value_head=value_head,
+    shardings=shardings,
+  )
+
+
+def load_tensors(
+  cfg: ModelConfig,
+  tensors: dict[str, Any],
+  where: str,
+  config_name: str,
+  *,
+  dtype: str = "float32",
+  param_dtype: str | None = None,
+  value_head: bool = False,
+  shardings: Any = None,
+) -> Transformer:
+  """A ``Transformer`` of ``cfg`` from Hugging Face-named tensors.
+
+  ``tensors`` maps each name to a source with ``path``, ``shape(name)``
+  and ``get(name)`` (a ``SafetensorsFile``, or a GGUF file's dequantizing
+  view, ``gguf.py``); errors name ``where`` (the checkpoint) and
+  ``config_name`` (what ``cfg`` was read from). ``load`` documents the
+  other arguments.
+  """
   cfg = cfg.replace(
     dtype=dtype,
     param_dtype=param_dtype or cfg.param_dtype,
     value_head=value_head,
   )
   cfg = transformer.validate(cfg)
-  tensors = _open_tensors(path)
   with nnx.use_eager_sharding(False):
     abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
@@ -434,11 +463,12 @@ def load(
     expected = _expected_hf_shape(entry, shape)
     for name in entry.names(cfg.num_layers):
       if name not in tensors:
-        raise CheckpointError(f"{path}: tensor {name} is missing")
+        raise CheckpointError(f"{where}: tensor {name} is missing")
       if tensors[name].shape(name) != expected:
         raise CheckpointError(
           f"{tensors[name].path}: tensor {name} has shape "
-          f"{tensors[name].shape(name)}, expected {expected} from config.json"
+          f"{tensors[name].shape(name)}, expected {expected} from "
+          f"{config_name}"
         )
       used.add(name)
     sharding = _sharding_of(flat_shardings.get(entry.path), default_sharding)
@@ -572,44 +602,3 @@ def tensor_names(cfg: ModelConfig) -> Iterator[str]:
   """The Hugging Face tensor names a checkpoint of ``cfg`` holds."""
   for entry in _layout(cfg):
     yield from entry.names(cfg.num_layers)
-
-
-# ----------------------------------------------------------------------------
-# verify
-
-
-def verify(path: str, prompt: str) -> dict[str, Any]:
-  """Runs this model and, if installed, transformers on the same prompt.
-
-  Returns:
-    A report: tokens used, and the largest absolute logit difference and
-    top-1 agreement when transformers is available.
-  """
-  from starpo_jax.models import tokenizer as tokenizer_lib
-
-  model = load(path)
-  if os.path.isfile(os.path.join(path, "tokenizer.json")):
-    tokens = tokenizer_lib.Tokenizer.load(path).encode(prompt)
-  else:
-    tokens = [
-      int(t)
-      for t in np.random.default_rng(0).integers(0, model.cfg.vocab_size, 16)
-    ]
-  ours = np.asarray(model(jnp.asarray([tokens], jnp.int32))[0][0])
-  report: dict[str, Any] = {"path": path, "tokens": len(tokens)}
-  try:
-    import torch
-    import transformers
-  except ImportError:
-    report["transformers"] = "not installed: compared nothing"
-    return report
-  ref = transformers.AutoModelForCausalLM.from_pretrained(
-    path, dtype=torch.float32
-  )
-  with torch.no_grad():
-    theirs = ref(torch.tensor([tokens])).logits[0].float().numpy()
-  report["max_abs_logit_diff"] = float(np.max(np.abs(ours - theirs)))
-  report["top1_agreement"] = float(
-    np.mean(ours.argmax(-1) == theirs.argmax(-1))
-  )
-  return report

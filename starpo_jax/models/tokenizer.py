@@ -104,13 +104,22 @@ class Tokenizer:
 
   Attributes:
     chat: the ``ChatFormat`` found from the vocabulary's markers.
+    chat_template: the checkpoint's own Jinja template, if it has one
+      (kept for export; prompts are built from ``chat``).
     eos_id: the end-of-text token.
     stop_ids: tokens that end a generated turn (end of message, eos).
   """
 
-  def __init__(self, tok: tokenizers.Tokenizer, eos: str, where: str) -> None:
+  def __init__(
+    self,
+    tok: tokenizers.Tokenizer,
+    eos: str,
+    where: str,
+    chat_template: str = "",
+  ) -> None:
     self._tok = tok
     self.where = where
+    self.chat_template = chat_template
     vocab = tok.get_vocab(with_added_tokens=True)
     chats = [f for f in FORMATS if f.stop in vocab]
     if not chats:
@@ -149,17 +158,27 @@ class Tokenizer:
       tok = tokenizers.Tokenizer.from_file(file)
     except Exception as e:
       raise TokenizerError(f"{file}: cannot be read: {e}") from None
-    eos = _eos_from_config(os.path.dirname(file)) or _default_eos(tok)
-    return cls(tok, eos, file)
+    config = _tokenizer_config(os.path.dirname(file))
+    eos = config.get("eos_token")
+    if isinstance(eos, dict):
+      eos = eos.get("content")
+    return cls(
+      tok, eos or _default_eos(tok), file, config.get("chat_template", "")
+    )
 
   def save(self, path: str) -> str:
     """Writes ``tokenizer.json`` into directory ``path``; returns the file."""
     os.makedirs(path, exist_ok=True)
     file = os.path.join(path, "tokenizer.json")
     self._tok.save(file)
-    eos = self.id_to_token(self.eos_id)
+    config = {
+      "eos_token": self.id_to_token(self.eos_id),
+      "chat_format": self.chat.name,
+    }
+    if self.chat_template:
+      config["chat_template"] = self.chat_template
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-      json.dump({"eos_token": eos, "chat_format": self.chat.name}, f, indent=2)
+      json.dump(config, f, indent=2)
     return file
 
   @property
@@ -186,15 +205,12 @@ class Tokenizer:
     return bytes(table[c] for c in self._tok.id_to_token(i))
 
 
-def _eos_from_config(directory: str) -> str | None:
+def _tokenizer_config(directory: str) -> dict:
   path = os.path.join(directory, "tokenizer_config.json")
   if not os.path.isfile(path):
-    return None
+    return {}
   with open(path) as f:
-    eos = json.load(f).get("eos_token")
-  if isinstance(eos, dict):
-    eos = eos.get("content")
-  return eos
+    return json.load(f)
 
 
 def _default_eos(tok: tokenizers.Tokenizer) -> str:

