@@ -56,6 +56,15 @@ def answer(
   return content
 
 
+def think_end(data: bytes) -> int | None:
+  """Where the think-format grammar's ``</think>`` starts, in bytes, or
+  None when it does not match."""
+  match = re.search(
+    rb"<think>(.*?)</think>\s*<answer>(.*?)</answer>", data, re.DOTALL
+  )
+  return match.end(1) if match else None
+
+
 def thought(data: bytes) -> bool:
   """Whether the think-format grammar matches with a non-blank reasoning
   (RAGEN-2's valid thinking)."""

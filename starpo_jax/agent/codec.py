@@ -510,9 +510,11 @@ class Codec:
     return pack([fixed(prefix), (b.reshape(-1), keep.reshape(-1))], size)
 
   def parse(self, tokens: jax.Array, n: jax.Array) -> Parsed:
-    """RAGEN's answer grammar on one reply's tokens ``[T]`` (``n`` used)."""
+    """RAGEN's answer grammar on one reply's tokens ``[T]`` (``n`` used),
+    with the reasoning's length in tokens: those whose first byte comes
+    before the matched ``</think>``."""
     data, count = self.to_bytes(tokens, n)
-    return parse_bytes(
+    parsed = parse_bytes(
       data,
       count,
       think=self.settings.enable_think,
@@ -522,6 +524,10 @@ class Codec:
       action_lengths=self.action_lengths,
       text_answers=self.text_answers,
     )
+    sizes = self.token_byte_lengths[tokens]
+    starts = len(self.reply_prefix) + jnp.cumsum(sizes) - sizes
+    before = (starts < parsed.think_end) & (jnp.arange(tokens.shape[0]) < n)
+    return parsed.replace(think_tokens=jnp.sum(before, dtype=jnp.int32))
 
 
 def _token_bytes(tokenizer: Tokenizer, vocab: int):

@@ -48,6 +48,10 @@ class Parsed:
   num_parts: jax.Array  # [] int32 non-empty parts kept (<= A)
   answer: jax.Array  # [N] int32 the answer's bytes, markers removed
   answer_length: jax.Array  # [] int32
+  # [] int32 where the matched "</think>" starts, in bytes (0 unmatched or
+  # without think mode); and the reply's tokens before it (``Codec.parse``).
+  think_end: jax.Array
+  think_tokens: jax.Array
 
   @property
   def valid(self) -> jax.Array:
@@ -116,6 +120,7 @@ def parse_bytes(
     start = content_from[jnp.clip(j, 0, n - 1)]
     think_from = jnp.clip(first_open + len(THINK_OPEN), 0, n - 1)
     thought = matched & (next_nonws[think_from] < j)
+    think_end = jnp.where(matched, j, 0).astype(jnp.int32)
   else:
     first_open = _first(a_open, n)
     start = first_open + len(ANSWER_OPEN)
@@ -126,6 +131,7 @@ def parse_bytes(
       & (start < n)
     )
     thought = jnp.zeros((), bool)
+    think_end = jnp.zeros((), jnp.int32)
   start = jnp.where(matched, start, 0)
   end = jnp.where(
     matched, _first(a_close & (idx >= start), n), 0
@@ -143,11 +149,13 @@ def parse_bytes(
     content, length = pack([(content, (idx < length) & ~covered)], n)
   if text_answers:
     parsed = _whole_answer(content, length, matched, max_actions)
-    return parsed.replace(thought=thought)
+    return parsed.replace(thought=thought, think_end=think_end)
   parsed = _split_actions(
     content, length, matched, max_actions, action_bytes, action_lengths
   )
-  return parsed.replace(thought=thought, answer=content, answer_length=length)
+  return parsed.replace(
+    thought=thought, think_end=think_end, answer=content, answer_length=length
+  )
 
 
 def _whole_answer(
@@ -165,6 +173,8 @@ def _whole_answer(
     num_parts=given.astype(jnp.int32),
     answer=content,
     answer_length=length,
+    think_end=jnp.zeros((), jnp.int32),
+    think_tokens=jnp.zeros((), jnp.int32),
   )
 
 
@@ -228,4 +238,6 @@ def _split_actions(
     num_parts=num_parts.astype(jnp.int32),
     answer=content,
     answer_length=length,
+    think_end=jnp.zeros((), jnp.int32),
+    think_tokens=jnp.zeros((), jnp.int32),
   )

@@ -131,6 +131,7 @@ class Trajectory:
   response_lengths: jax.Array  # [B, K] int32 tokens generated
   turn_format_ok: jax.Array  # [B, K] bool: the answer grammar matched
   turn_thought: jax.Array  # [B, K] bool: matched with non-blank <think>
+  turn_think_tokens: jax.Array  # [B, K] int32 reasoning tokens (matched)
   turn_valid: jax.Array  # [B, K] bool: some action, and every part valid
   turn_effective: jax.Array  # [B, K] bool: an executed action changed state
   turn_penalized: jax.Array  # [B, K] bool: the format penalty applied
@@ -231,6 +232,7 @@ class _TurnRecord:
   response_length: jax.Array
   format_ok: jax.Array
   thought: jax.Array
+  think_tokens: jax.Array
   valid: jax.Array
   effective: jax.Array
   penalized: jax.Array
@@ -619,6 +621,7 @@ def _end_turn(
     response_length=jnp.where(active, d.count, 0),
     format_ok=(answered & parsed.matched) | (called & ~malformed),
     thought=active & parsed.thought,
+    think_tokens=jnp.where(answered & parsed.matched, parsed.think_tokens, 0),
     valid=answered & (num_valid > 0) & (num_valid == parsed.num_parts),
     effective=active & a.effective,
     penalized=penalized,
@@ -711,6 +714,7 @@ def _play(
     response_lengths=turns.response_length,
     turn_format_ok=turns.format_ok,
     turn_thought=turns.thought,
+    turn_think_tokens=turns.think_tokens,
     turn_valid=turns.valid,
     turn_effective=turns.effective,
     turn_penalized=turns.penalized,

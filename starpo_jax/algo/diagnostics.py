@@ -65,6 +65,9 @@ def summary(traj: Trajectory, group_size: int) -> dict[str, jax.Array]:
     "effective_action_rate": jnp.sum(traj.turn_effective) / turns,
     "format_rate": jnp.sum(traj.turn_format_ok) / turns,
     "response_length": jnp.sum(traj.response_lengths) / turns,
+    # Tokens of reasoning (before "</think>") per well-formed turn.
+    "think_tokens": jnp.sum(traj.turn_think_tokens)
+    / jnp.maximum(jnp.sum(traj.turn_format_ok & played), 1),
     "truncated": jnp.mean(traj.truncated),
     "context_truncated": jnp.mean(traj.context_truncated),
     # Python environments (envs.host): faults that ended an episode, and
