@@ -9,6 +9,7 @@ import functools
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from configs import bandit, countdown, frozen_lake, qa, sokoban, sudoku_4x4
 from envs.qa import dataset
@@ -17,7 +18,7 @@ from reference import countdown as ref_countdown
 from reference import envs as ref
 from reference import text as ref_text
 from starpo_jax.agent import rollout
-from starpo_jax.algo import sft
+from starpo_jax.algo import logprobs, sft
 from starpo_jax.run import assembly
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import (
@@ -183,7 +184,8 @@ def test_the_warm_start_step_compiles_once_and_imitates():
   [
     (dict(name="bandit"), "planner"),
     ({"sft.expert": "oracle"}, "expert"),
-    ({"rollout.enable_think": True}, "enable_think"),
+    ({"rollout.enable_think": True, "sft.max_turns": 2}, "first turns"),
+    ({"rollout.enable_think": True}, "reasoning_tokens"),
     ({"rollout.max_new_tokens": 3}, "max_new_tokens"),
     ({"sft.max_turns": 0}, "max_turns"),
   ],
@@ -198,6 +200,145 @@ def test_impossible_warm_starts_are_refused_before_compiling(change, message):
       c[section][name] = value
   with pytest.raises(assembly.ConfigError, match=message):
     assembly.build(c)
+
+
+def think_setup():
+  """The tiny Sokoban config in think mode: room for 6 tokens of the
+  policy's own reasoning before a two-action answer."""
+  c = small(sokoban.get_config(None), **{"rollout.enable_think": True})
+  # Any text (the reasoning), not only the tokens answers are made of.
+  c.rollout.answer_vocab = False
+  c.rollout.max_new_tokens = 24
+  c.sft.reasoning_tokens = 6
+  return assembly.build(c)
+
+
+def test_own_reasoning_stops_before_think_close_and_stop_tokens():
+  setup = think_setup()
+  tok, codec = setup.tokenizer, setup.codec
+  replies = [
+    "ab cd ef gh ij kl mn",  # longer than the budget: cut at 6 tokens
+    "a b</think><answer>Up</answer>",  # closed: cut before </think>
+    "a b c<|im_end|>",  # stopped: cut before the stop token
+  ]
+  scripts = [tok.encode(r) + [tok.eos_id] * 8 for r in replies]
+  width = max(len(x) for x in scripts)
+  table = np.asarray([x + [tok.eos_id] * (width - len(x)) for x in scripts])
+  cfg = dataclasses.replace(
+    sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, codec),
+    env_groups=3,
+  )
+  policy = sft.ScriptedPolicy(
+    jax.numpy.asarray(table), codec.token_bytes.shape[0]
+  )
+  ids, length = jax.jit(
+    lambda codec, key: sft.own_reasoning(
+      policy, codec, setup.env, cfg, key, 6, 1.0
+    )
+  )(codec, jax.random.key(0))
+  ids, length = np.asarray(ids), np.asarray(length)
+  want = [
+    tok.encode(replies[0])[:6],
+    tok.encode("a b"),
+    tok.encode("a b c"),
+  ]
+  for b, w in enumerate(want):
+    assert list(ids[b, : length[b]]) == w, (b, tok.decode(ids[b]))
+
+
+def test_think_mode_experts_reason_then_answer_in_the_format():
+  setup = think_setup()
+  tok = setup.tokenizer
+  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
+  replies = sft.Replies.build(tok, setup.env.spec, True)
+  reasoning = np.tile(np.asarray(tok.encode("I push it up")), (cfg.batch, 1))
+  length = np.arange(cfg.batch) % (reasoning.shape[1] + 1)
+  key = jax.random.key(3)
+  traj, found = jax.jit(
+    lambda codec, key, r, n: sft.expert_trajectories(
+      setup.env, codec, replies, cfg, key, reasoning=(r, n)
+    )
+  )(setup.codec, key, reasoning, length)
+  traj = to_numpy(traj)
+  states = rollout.reset(setup.env, cfg, rollout.reset_key(key))
+  horizon = cfg.max_actions_per_turn
+  plans = np.asarray(
+    jax.vmap(lambda s: setup.env.plan(s, cfg.max_actions_per_traj))(
+      states
+    ).actions
+  )[:, :horizon]
+  names = setup.env.spec.action_names
+  for b in range(cfg.batch):
+    if not found[b]:
+      continue
+    reply = replies_of(traj, tok, b)[0]
+    own = tok.decode(reasoning[b, : length[b]])
+    assert reply.startswith(own + "</think><answer>"), reply
+    # RAGEN's grammar reads it, and its actions begin a shortest solution.
+    data = b"<think>" + reply.encode()
+    matched, actions = ref_text.parse(
+      data,
+      think=True,
+      markers=setup.codec.markers,
+      max_actions=cfg.max_actions_per_turn,
+      action_names=names,
+    )
+    assert matched and traj.turn_format_ok[b, 0], reply
+    assert ref_text.think_end(data) == len(b"<think>" + own.encode())
+    # The planner's first actions, as without think mode.
+    assert actions == [a for a in plans[b, : len(actions)]], reply
+
+
+def test_think_mode_imitates_the_answer_not_the_reasoning():
+  setup = think_setup()
+  learner = assembly.make_learner(setup)
+  state = assembly.init_state(setup, learner)
+  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
+  replies = sft.Replies.build(setup.tokenizer, setup.env.spec, True)
+  key = jax.random.key(4)
+
+  def losses(params, codec):
+    model = nnx.merge(learner.policy_def, params)
+    r = sft.own_reasoning(model, codec, setup.env, cfg, key, 6, 1.0)
+    traj, _ = sft.expert_trajectories(
+      setup.env, codec, replies, cfg, key, reasoning=r
+    )
+    keep = traj.length > 0
+    loss = lambda skip: sft.imitation_loss(
+      params,
+      learner.policy_def,
+      traj,
+      cfg.max_generated,
+      1.0,
+      codec.allowed,
+      64,
+      keep,
+      skip,
+    )[0]
+    positions, slots = logprobs.pack_generated(traj, cfg.max_generated)
+    logp, _ = logprobs.sequence_logprobs(
+      model, traj.tokens, positions, 1.0, codec.allowed, 64
+    )
+    return loss(r[1]), loss(None), logp, slots, r[1]
+
+  got, whole, logp, slots, skip = jax.jit(losses)(state.policy, setup.codec)
+  skip = np.asarray(skip)
+  assert 0 < skip.mean() <= 6
+  answer = np.asarray(slots) & (np.arange(slots.shape[1]) >= skip[:, None])
+  want = -np.asarray(logp)[answer].mean()
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  assert abs(float(got) - float(whole)) > 1e-3
+
+
+def test_a_think_mode_warm_start_step_runs():
+  setup = think_setup()
+  learner = assembly.make_learner(setup)
+  state = assembly.init_state(setup, learner)
+  step = assembly.compile_sft_step(setup, state, learner)
+  state, metrics = step(state, setup.codec)
+  metrics = jax.device_get(metrics)
+  assert 0 < metrics["sft/own_reasoning_tokens"] <= 6
+  assert np.isfinite(metrics["sft/loss"]) and int(state.step) == 1
 
 
 def test_script_spells_a_plan_turn_by_turn():

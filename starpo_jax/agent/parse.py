@@ -80,6 +80,12 @@ def _first(mask: jax.Array, default: int) -> jax.Array:
   return jnp.where(jnp.any(mask), jnp.argmax(mask), default).astype(jnp.int32)
 
 
+def first_at(data: jax.Array, count: jax.Array, pattern: bytes) -> jax.Array:
+  """[] int32: where ``pattern`` first starts in ``data [N]`` (``count``
+  used), or ``N``."""
+  return _first(_find(data, count, pattern), data.shape[0])
+
+
 def parse_bytes(
   data: jax.Array,
   count: jax.Array,

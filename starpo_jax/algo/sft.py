@@ -24,6 +24,14 @@ the random replies themselves (the answer format and what is valid).
 ``step``, no model), and the shortest episode that succeeded is imitated
 as a planner's would be; levels where none succeeded are left out.
 
+In think mode (a pretrained model that reasons first) each expert reply
+opens with the policy's own reasoning: the first turn is sampled from the
+policy for up to ``reasoning_tokens`` tokens (cut before any ``</think>``
+it wrote), then the script closes it and answers,
+``</think><answer>...</answer>``. Only the closing and the answer are
+imitated: the warm start teaches a model that rambles to stop and answer
+in the format, while what it reasons stays its own.
+
 In the driver the SFT steps come first (``config.sft.steps``); the RL steps
 follow from the policy they leave, with a fresh optimizer state.
 """
@@ -45,7 +53,12 @@ from envs.host import HostEnvironment
 from starpo_jax import settings, sharding
 from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.agent.codec import Codec
-from starpo_jax.agent.parse import ANSWER_CLOSE
+from starpo_jax.agent.parse import (
+  ANSWER_CLOSE,
+  ANSWER_OPEN,
+  THINK_CLOSE,
+  first_at,
+)
 from starpo_jax.agent.ragged import pack
 from starpo_jax.agent.rollout import RolloutConfig, Trajectory
 from starpo_jax.algo.logprobs import (
@@ -91,10 +104,13 @@ class SftConfig:
   # succeeded (random valid play filtered by the environment's own success:
   # no planner needed). The world model predicts observations of all.
   keep: Literal["all", "successes"] = "all"
+  # Think mode: the most tokens of the policy's own sampled reasoning each
+  # expert reply opens with (first turns only: sft.max_turns=1).
+  reasoning_tokens: int = 32
 
   def __post_init__(self) -> None:
     settings.check(self, "sft")
-    for name in ("steps", "warmup_steps"):
+    for name in ("steps", "warmup_steps", "reasoning_tokens"):
       if getattr(self, name) < 0:
         raise ValueError(f"sft: {name} must be >= 0")
     for name in ("episodes", "max_turns", "search_tries"):
@@ -163,16 +179,18 @@ class ScriptedPolicy:
 @struct.dataclass
 class Replies:
   """Token spellings of replies: an action first in its turn, an action
-  after ``" || "``, and the closing ``</answer>``."""
+  after ``" || "``, and the closing ``</answer>``; in think mode what
+  closes the reasoning and opens the answer (``</think><answer>``)."""
 
   first: jax.Array  # [A, W] int32
   first_len: jax.Array  # [A] int32
   later: jax.Array  # [A, W] int32
   later_len: jax.Array  # [A] int32
   close: jax.Array  # [C] int32
+  open: jax.Array  # [O] int32, empty without think mode
 
   @classmethod
-  def build(cls, tokenizer: Tokenizer, spec: EnvSpec):
+  def build(cls, tokenizer: Tokenizer, spec: EnvSpec, think: bool = False):
     """Action names, ``" || "`` between them; or, for free-text answers,
     the answer alphabet's pieces, nothing between them."""
     names = spec.answer_pieces if spec.text_answers else spec.action_names
@@ -196,11 +214,21 @@ class Replies:
 
     (f, fl), (lt, ll) = table(first), table(later)
     close = jnp.asarray(tokenizer.encode(ANSWER_CLOSE.decode()), jnp.int32)
-    return cls(first=f, first_len=fl, later=lt, later_len=ll, close=close)
+    opening = (THINK_CLOSE + ANSWER_OPEN).decode() if think else ""
+    return cls(
+      first=f,
+      first_len=fl,
+      later=lt,
+      later_len=ll,
+      close=close,
+      open=jnp.asarray(tokenizer.encode(opening), jnp.int32),
+    )
 
   def turn_tokens(self, per_turn: int) -> int:
-    """The most tokens one turn's reply takes."""
-    return per_turn * self.first.shape[1] + self.close.shape[0]
+    """The most tokens one turn's reply takes (its reasoning aside)."""
+    return (
+      self.open.shape[0] + per_turn * self.first.shape[1] + self.close.shape[0]
+    )
 
   def script(self, actions: jax.Array, per_turn: int, turns: int) -> jax.Array:
     """A plan ``[H]`` (``-1`` past its end) as reply tokens, ``per_turn``
@@ -223,6 +251,19 @@ class Replies:
       close = jnp.broadcast_to(jnp.any(chunk >= 0), self.close.shape)
       segments.append((self.close, close))
     return pack(segments, turns * self.turn_tokens(per_turn))[0]
+
+  def after_reasoning(
+    self, script: jax.Array, reasoning: jax.Array, length: jax.Array
+  ) -> jax.Array:
+    """A first turn's ``script [S]`` (its answer) after ``length`` tokens
+    of ``reasoning [R]`` and what closes it: ``[R + O + S]``."""
+    r = reasoning.shape[0]
+    segments = [
+      (reasoning, jnp.arange(r) < length),
+      (self.open, jnp.ones(self.open.shape, bool)),
+      (script, jnp.ones(script.shape, bool)),
+    ]
+    return pack(segments, r + self.open.shape[0] + script.shape[0])[0]
 
 
 def episodes_config(
@@ -252,7 +293,11 @@ def solution_width(env: Env) -> int:
 
 
 def check(
-  env: Env, rollout_cfg: RolloutConfig, replies: Replies, expert: str
+  env: Env,
+  rollout_cfg: RolloutConfig,
+  replies: Replies,
+  expert: str,
+  reasoning_tokens: int = 0,
 ) -> None:
   """Raises ``ValueError`` naming what stops the warm start from working."""
   if isinstance(env, HostEnvironment):
@@ -281,10 +326,15 @@ def check(
       "imitate; sft.expert='search' imitates the shortest of many random "
       "successes"
     )
-  if rollout_cfg.enable_think:
+  if rollout_cfg.enable_think and rollout_cfg.max_turns > 1:
     raise ValueError(
-      "sft: imitation needs rollout.enable_think=False (the planner gives "
-      "actions, not reasoning to imitate)"
+      "sft: in think mode the warm start imitates first turns (the "
+      "policy's own reasoning, then the expert's answer): set "
+      "sft.max_turns=1"
+    )
+  if rollout_cfg.enable_think and expert == "world_model":
+    raise ValueError(
+      "sft: expert='world_model' needs rollout.enable_think=False"
     )
   if env.spec.text_answers:
     pieces = solution_width(env)
@@ -292,12 +342,48 @@ def check(
   else:
     actions = rollout_cfg.max_actions_per_turn
     need, what = replies.turn_tokens(actions), f"a reply of {actions} actions"
+  if rollout_cfg.enable_think:
+    need += reasoning_tokens
+    what += f" after {reasoning_tokens} of reasoning (sft.reasoning_tokens)"
   budget = rollout_cfg.max_new_tokens
   if need > budget:
     raise ValueError(
       f"sft: {what} takes up to {need} tokens; "
       f"rollout.max_new_tokens={budget} is less"
     )
+
+
+def own_reasoning(
+  model: Any,
+  codec: Codec,
+  env: Env,
+  rollout_cfg: RolloutConfig,
+  key: jax.Array,
+  tokens: int,
+  temperature: float,
+) -> tuple[jax.Array, jax.Array]:
+  """The policy's first-turn replies on the levels ``key`` draws, sampled
+  at ``temperature`` for up to ``tokens`` tokens: ``[B, tokens]`` and how
+  many of each to keep: those that end before any ``</think>`` the reply
+  wrote and before a stop token."""
+  cfg = dataclasses.replace(
+    rollout_cfg, max_turns=1, max_new_tokens=tokens, temperature=temperature
+  )
+  traj = rollout_lib.rollout(model, codec, env, cfg, key)
+  positions, slots = pack_generated(traj, tokens)
+  ids = jnp.take_along_axis(traj.tokens, positions, axis=1)
+  stops = jnp.isin(ids, jnp.asarray(codec.stop_ids)) | ~slots
+  stopped = jnp.concatenate([stops, jnp.ones_like(stops[:, :1])], axis=1)
+  before_stop = jnp.argmax(stopped, axis=1)
+
+  def before_close(ids, n):
+    data, count = codec.to_bytes(ids, n)
+    close = first_at(data, count, THINK_CLOSE)
+    ends = len(codec.reply_prefix) + jnp.cumsum(codec.token_byte_lengths[ids])
+    return jnp.sum((ends <= close) & (jnp.arange(ids.shape[0]) < n))
+
+  length = jax.vmap(before_close)(ids, before_stop)
+  return ids, length.astype(jnp.int32)
 
 
 def expert_trajectories(
@@ -309,10 +395,12 @@ def expert_trajectories(
   constrain=lambda tree: tree,
   expert: str = "planner",
   tries: int = 64,
+  reasoning: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[Trajectory, jax.Array]:
   """Plays ``rollout_cfg.batch`` new levels with the expert's actions: their
   shortest solutions, the shortest of ``tries`` random successes, or random
-  valid ones.
+  valid ones; in think mode after ``reasoning`` (``own_reasoning``: tokens
+  ``[B, R]`` and lengths ``[B]``).
 
   Returns:
     The episodes, and ``[B]`` bool, whether the expert had actions for the
@@ -325,6 +413,8 @@ def expert_trajectories(
     scripts = jax.vmap(
       lambda a: replies.script(a, a.shape[0], rollout_cfg.max_turns)
     )(answers)
+    if reasoning is not None:
+      scripts = jax.vmap(replies.after_reasoning)(scripts, *reasoning)
     policy = ScriptedPolicy(scripts, codec.token_bytes.shape[0])
     traj = rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
     return traj, jnp.ones(traj.success.shape, bool)
@@ -346,6 +436,8 @@ def expert_trajectories(
       a, rollout_cfg.max_actions_per_turn, rollout_cfg.max_turns
     )
   )(plans.actions)
+  if reasoning is not None:
+    scripts = jax.vmap(replies.after_reasoning)(scripts, *reasoning)
   policy = ScriptedPolicy(scripts, codec.token_bytes.shape[0])
   traj = rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
   found = plans.length >= 0 if expert in ("planner", "search") else None
@@ -361,11 +453,15 @@ def imitation_loss(
   allowed: jax.Array | None,
   chunk: int,
   keep: jax.Array,
+  skip: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Mean negative log-likelihood of the expert's reply tokens, in the
-  episodes ``keep [B]`` marks."""
+  episodes ``keep [B]`` marks, past the first ``skip [B]`` of each (the
+  policy's own reasoning, in think mode)."""
   positions, mask = pack_generated(traj, size)
   mask = mask & keep[:, None]
+  if skip is not None:
+    mask = mask & (jnp.arange(size) >= skip[:, None])
   model = nnx.merge(policy_def, params)
   logp, _ = sequence_logprobs(
     model, traj.tokens, positions, temperature, allowed, chunk
@@ -473,11 +569,24 @@ def make_sft_step(
       takes the codec as an argument like the RL step.
   """
   cfg = episodes_config(rollout_cfg, sft_cfg, codec)
-  check(env, cfg, replies, sft_cfg.expert)
+  check(env, cfg, replies, sft_cfg.expert, sft_cfg.reasoning_tokens)
   on_batch = sharding.batch_constraint(mesh, cfg.batch)
+  think = rollout_cfg.enable_think
 
   def step(state: TrainState, codec: Codec):
     key = jax.random.fold_in(state.key, state.step)
+    reasoning = skip = None
+    if think:
+      reasoning = own_reasoning(
+        nnx.merge(policy_def, state.policy),
+        codec,
+        env,
+        cfg,
+        key,
+        sft_cfg.reasoning_tokens,
+        rollout_cfg.temperature,
+      )
+      skip = reasoning[1]
     traj, found = expert_trajectories(
       env,
       codec,
@@ -487,6 +596,7 @@ def make_sft_step(
       on_batch,
       sft_cfg.expert,
       sft_cfg.search_tries,
+      reasoning,
     )
     keep = traj.success if sft_cfg.keep == "successes" else traj.length > 0
     keep = keep & found
@@ -506,6 +616,7 @@ def make_sft_step(
         codec.allowed,
         logits_chunk,
         keep,
+        skip,
       )
     params, opt, stats, finite = apply_gradients(
       tx,
@@ -521,6 +632,8 @@ def make_sft_step(
     metrics = {f"sft/{k}": v for k, v in stats.items()}
     metrics["sft/expert_success"] = jnp.mean(traj.success)
     metrics["sft/kept"] = jnp.mean(keep)
+    if think:
+      metrics["sft/own_reasoning_tokens"] = jnp.mean(skip.astype(jnp.float32))
     metrics["train/skipped_nonfinite"] = (~finite).astype(jnp.float32)
     metrics["train/nonfinite_streak"] = nonfinite.astype(jnp.float32)
     return new_state, metrics

@@ -185,8 +185,9 @@ def build(
       sft.check(
         env,
         sft.episodes_config(rollout_cfg, sft_cfg, codec),
-        sft.Replies.build(tok, env.spec),
+        sft.Replies.build(tok, env.spec, rollout_cfg.enable_think),
         sft_cfg.expert,
+        sft_cfg.reasoning_tokens,
       )
     except ValueError as e:
       raise ConfigError(f"config.{e}") from None
@@ -598,12 +599,21 @@ def compile_sft_step(setup: Setup, state: TrainState, learner: Learner):
     sft_cfg=setup.sft_cfg,
     policy_def=learner.policy_def,
     tx=sft_optimizer(setup),
-    replies=sft.Replies.build(setup.tokenizer, setup.env.spec),
+    replies=sft.Replies.build(
+      setup.tokenizer, setup.env.spec, setup.rollout_cfg.enable_think
+    ),
     codec=setup.codec,
     logits_chunk=setup.algo.logits_chunk,
     mesh=setup.mesh,
   )
   return _jit_step(step, state, setup.mesh)
+
+
+def initial_policy(setup: Setup) -> nnx.State:
+  """The policy a run starts from: the checkpoint's weights (a packaged
+  preset's included), or weights created from the seed; with adapters,
+  new ones on them."""
+  return _parameters(setup, False, setup.config.seed)
 
 
 def load_policy(
