@@ -289,7 +289,7 @@ def test_think_mode_experts_reason_then_answer_in_the_format():
     assert actions == [a for a in plans[b, : len(actions)]], reply
 
 
-def test_think_mode_imitates_the_answer_not_the_reasoning():
+def test_think_mode_imitates_reasoning_and_answer():
   setup = think_setup()
   learner = assembly.make_learner(setup)
   state = assembly.init_state(setup, learner)
@@ -303,8 +303,7 @@ def test_think_mode_imitates_the_answer_not_the_reasoning():
     traj, _ = sft.expert_trajectories(
       setup.env, codec, replies, cfg, key, reasoning=r
     )
-    keep = traj.length > 0
-    loss = lambda skip: sft.imitation_loss(
+    loss = sft.imitation_loss(
       params,
       learner.policy_def,
       traj,
@@ -312,33 +311,45 @@ def test_think_mode_imitates_the_answer_not_the_reasoning():
       1.0,
       codec.allowed,
       64,
-      keep,
-      skip,
+      traj.length > 0,
     )[0]
     positions, slots = logprobs.pack_generated(traj, cfg.max_generated)
     logp, _ = logprobs.sequence_logprobs(
       model, traj.tokens, positions, 1.0, codec.allowed, 64
     )
-    return loss(r[1]), loss(None), logp, slots, r[1]
+    return loss, logp, slots, r[1]
 
-  got, whole, logp, slots, skip = jax.jit(losses)(state.policy, setup.codec)
-  skip = np.asarray(skip)
-  assert 0 < skip.mean() <= 6
-  answer = np.asarray(slots) & (np.arange(slots.shape[1]) >= skip[:, None])
-  want = -np.asarray(logp)[answer].mean()
-  np.testing.assert_allclose(got, want, rtol=1e-5)
-  assert abs(float(got) - float(whole)) > 1e-3
+  got, logp, slots, own = jax.jit(losses)(state.policy, setup.codec)
+  assert 0 < float(np.mean(own)) <= 6
+  # Every reply token, the reasoning's included.
+  np.testing.assert_allclose(
+    got, -np.asarray(logp)[np.asarray(slots)].mean(), rtol=1e-5
+  )
 
 
-def test_a_think_mode_warm_start_step_runs():
+def test_think_mode_reasoning_comes_from_the_initial_policy():
+  # The state keeps the initial policy (no KL here), and the warm start
+  # leaves it as it was while the policy learns.
   setup = think_setup()
+  assert setup.algo.kl_coef == 0
   learner = assembly.make_learner(setup)
   state = assembly.init_state(setup, learner)
+  assert assembly.keeps_reference(setup, learner)
+  initial = jax.tree.map(np.asarray, nnx.to_pure_dict(state.reference))
   step = assembly.compile_sft_step(setup, state, learner)
-  state, metrics = step(state, setup.codec)
+  for _ in range(2):
+    state, metrics = step(state, setup.codec)
   metrics = jax.device_get(metrics)
   assert 0 < metrics["sft/own_reasoning_tokens"] <= 6
-  assert np.isfinite(metrics["sft/loss"]) and int(state.step) == 1
+  assert np.isfinite(metrics["sft/loss"]) and int(state.step) == 2
+  after = nnx.to_pure_dict(state.reference)
+  jax.tree.map(np.testing.assert_array_equal, after, initial)
+  moved = jax.tree.map(
+    lambda a, b: not np.array_equal(a, b),
+    nnx.to_pure_dict(state.policy),
+    initial,
+  )
+  assert any(jax.tree.leaves(moved))
 
 
 def test_script_spells_a_plan_turn_by_turn():

@@ -25,12 +25,18 @@ the random replies themselves (the answer format and what is valid).
 as a planner's would be; levels where none succeeded are left out.
 
 In think mode (a pretrained model that reasons first) each expert reply
-opens with the policy's own reasoning: the first turn is sampled from the
-policy for up to ``reasoning_tokens`` tokens (cut before any ``</think>``
+opens with the model's own reasoning: the first turn is sampled from the
+initial policy (the train state's ``reference``) for up to
+``reasoning_tokens`` tokens (cut before any ``</think>`` or stop token
 it wrote), then the script closes it and answers,
-``</think><answer>...</answer>``. Only the closing and the answer are
-imitated: the warm start teaches a model that rambles to stop and answer
-in the format, while what it reasons stays its own.
+``</think><answer>...</answer>``, and the whole reply is imitated. The
+warm start teaches a model that rambles to stop and answer in the
+format, while what it reasons stays the pretrained model's. Sampled from
+the policy being trained instead, the reasoning collapsed: each step's
+policy closed ``</think>`` a little sooner, so the next step's prefixes
+were shorter (SmolLM2-135M on FrozenLake: 26 tokens at step 1, 0 at
+step 12, every held-out reply ``<think></think><answer>...``); imitating
+only the answer left nothing holding the reasoning open.
 
 In the driver the SFT steps come first (``config.sft.steps``); the RL steps
 follow from the policy they leave, with a fresh optimizer state.
@@ -104,8 +110,8 @@ class SftConfig:
   # succeeded (random valid play filtered by the environment's own success:
   # no planner needed). The world model predicts observations of all.
   keep: Literal["all", "successes"] = "all"
-  # Think mode: the most tokens of the policy's own sampled reasoning each
-  # expert reply opens with (first turns only: sft.max_turns=1).
+  # Think mode: the most tokens of the initial model's own sampled
+  # reasoning each expert reply opens with (first turns: sft.max_turns=1).
   reasoning_tokens: int = 32
 
   def __post_init__(self) -> None:
@@ -453,15 +459,11 @@ def imitation_loss(
   allowed: jax.Array | None,
   chunk: int,
   keep: jax.Array,
-  skip: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Mean negative log-likelihood of the expert's reply tokens, in the
-  episodes ``keep [B]`` marks, past the first ``skip [B]`` of each (the
-  policy's own reasoning, in think mode)."""
+  episodes ``keep [B]`` marks."""
   positions, mask = pack_generated(traj, size)
   mask = mask & keep[:, None]
-  if skip is not None:
-    mask = mask & (jnp.arange(size) >= skip[:, None])
   model = nnx.merge(policy_def, params)
   logp, _ = sequence_logprobs(
     model, traj.tokens, positions, temperature, allowed, chunk
@@ -575,10 +577,10 @@ def make_sft_step(
 
   def step(state: TrainState, codec: Codec):
     key = jax.random.fold_in(state.key, state.step)
-    reasoning = skip = None
+    reasoning = None
     if think:
       reasoning = own_reasoning(
-        nnx.merge(policy_def, state.policy),
+        nnx.merge(policy_def, state.reference),
         codec,
         env,
         cfg,
@@ -586,7 +588,6 @@ def make_sft_step(
         sft_cfg.reasoning_tokens,
         rollout_cfg.temperature,
       )
-      skip = reasoning[1]
     traj, found = expert_trajectories(
       env,
       codec,
@@ -616,7 +617,6 @@ def make_sft_step(
         codec.allowed,
         logits_chunk,
         keep,
-        skip,
       )
     params, opt, stats, finite = apply_gradients(
       tx,
@@ -633,7 +633,8 @@ def make_sft_step(
     metrics["sft/expert_success"] = jnp.mean(traj.success)
     metrics["sft/kept"] = jnp.mean(keep)
     if think:
-      metrics["sft/own_reasoning_tokens"] = jnp.mean(skip.astype(jnp.float32))
+      own = reasoning[1].astype(jnp.float32)
+      metrics["sft/own_reasoning_tokens"] = jnp.mean(own)
     metrics["train/skipped_nonfinite"] = (~finite).astype(jnp.float32)
     metrics["train/nonfinite_streak"] = nonfinite.astype(jnp.float32)
     return new_state, metrics

@@ -5,10 +5,15 @@
     --episodes=512 --samples=4 --temperatures=0.5,0
   python -m starpo_jax.evaluate --ckpt=runs/other/checkpoints \
     --config=configs/sokoban.py --config.rollout.max_turns=10
+  python -m starpo_jax.evaluate \
+    --config=configs/frozen_lake.py:model=smollm2-135m   # zero-shot
 
 ``--workdir`` rebuilds the run from the ``config.json`` training wrote
 there; ``--ckpt`` with ``--config`` evaluates a checkpoint under any config
-its policy fits. It writes to ``--out`` (default ``WORKDIR/eval/stepN``)
+its policy fits; ``--config`` alone evaluates the config's initial policy
+(a pretrained model zero-shot; default ``--out``:
+``runs/ENV/eval/initial-MODEL``). It writes to ``--out`` (default
+``WORKDIR/eval/stepN``)
 ``summary.json`` (per environment and temperature: success with its 95%
 interval, pass@samples, actions, turns, response length, valid and
 effective action rates; the random valid player beside it), and per
@@ -46,7 +51,9 @@ def describe(summary: dict[str, Any]) -> str:
           line += f", pass@{k} {100 * st[f'pass@{k}']:.1f}%"
         line += (
           f", {st['num_actions']:.2f} actions, "
-          f"{st['response_length']:.1f} tokens a reply, valid "
+          f"{st['response_length']:.1f} tokens a reply "
+          f"({st['think_tokens']:.1f} reasoning), format "
+          f"{100 * st['format_rate']:.1f}%, valid "
           f"{100 * st['valid_action_rate']:.1f}%"
         )
       lines.append(line)
@@ -98,10 +105,15 @@ def main(argv: list[str]) -> dict[str, Any]:
     fv(argv)
   except flags.Error as e:
     raise SystemExit(f"evaluate: {e}") from None
-  if (workdir.value is None) == (ckpt.value is None):
-    raise SystemExit("evaluate: give exactly one of --workdir and --ckpt")
+  if workdir.value is not None and ckpt.value is not None:
+    raise SystemExit("evaluate: give one of --workdir and --ckpt, not both")
   source = workdir.value or ckpt.value
-  if not os.path.isdir(source):
+  if source is None and config.value is None:
+    raise SystemExit(
+      "evaluate: give --workdir, --ckpt with --config, or --config alone "
+      "(the config's initial policy)"
+    )
+  if source is not None and not os.path.isdir(source):
     raise SystemExit(f"evaluate: {source!r} is not a directory")
   cfg = config.value
   try:

@@ -480,6 +480,14 @@ def policy_optimizer_state(learner: Learner, policy: Any, mesh):
   return optimizer_state(learner.policy_tx, trainable(learner, policy)[0], mesh)
 
 
+def keeps_reference(setup: Setup, learner: Learner) -> bool:
+  """Whether the train state holds a copy of the initial policy: for the
+  KL term (its reference; with adapters their frozen weights serve), and
+  for a think-mode warm start, which samples its reasoning from it."""
+  think_sft = setup.sft_cfg.steps > 0 and setup.rollout_cfg.enable_think
+  return not learner.adapters and (setup.algo.uses_reference or think_sft)
+
+
 def init_state(setup: Setup, learner: Learner) -> TrainState:
   """A fresh train state, parameters and optimizer moments sharded."""
   seed = setup.config.seed
@@ -507,7 +515,7 @@ def init_state(setup: Setup, learner: Learner) -> TrainState:
     # With adapters the frozen weights are the reference: no copy.
     reference=(
       jax.tree.map(jnp.copy, policy)
-      if setup.algo.uses_reference and not learner.adapters
+      if keeps_reference(setup, learner)
       else None
     ),
     key=key,
@@ -552,9 +560,7 @@ def abstract_state(setup: Setup, learner: Learner) -> TrainState:
     policy_opt=policy_opt,
     critic=critic,
     critic_opt=critic_opt,
-    reference=(
-      policy if setup.algo.uses_reference and not learner.adapters else None
-    ),
+    reference=policy if keeps_reference(setup, learner) else None,
     key=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=everywhere),
     nonfinite=scalar,
   )

@@ -274,7 +274,7 @@ def _label(t: float) -> str:
 
 def evaluate_checkpoint(
   config: Any,
-  source: str,
+  source: str | None,
   *,
   step: int | None = None,
   out: str | None = None,
@@ -285,8 +285,10 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
   """Evaluates the policy of ``source``'s checkpoint at ``step`` (default:
   the latest) under ``config`` and writes the summary and transcripts to
-  ``out`` (default ``source/eval/step{N}``). Episode and temperature
-  defaults are the config's ``train.eval_episodes`` and
+  ``out`` (default ``source/eval/step{N}``). Without a ``source``, the
+  config's initial policy (a pretrained model's zero-shot play), written
+  by default to ``runs/{env}/eval/initial-{model}``. Episode and
+  temperature defaults are the config's ``train.eval_episodes`` and
   ``train.eval_temperatures``. Returns the summary.
 
   Raises:
@@ -305,7 +307,17 @@ def evaluate_checkpoint(
   )
   setup = assembly.build(config)
   learner = assembly.make_learner(setup)
-  step, params = assembly.load_policy(setup, source, step, what="checkpoint")
+  if source is None:
+    step, params = 0, assembly.initial_policy(setup)
+    model = config.model.ckpt or config.model.preset
+    default_out = os.path.join(
+      "runs", config.env.name, "eval", f"initial-{os.path.basename(model)}"
+    )
+    where = f"the initial policy ({setup.ckpt or config.model.preset})"
+  else:
+    step, params = assembly.load_policy(setup, source, step, what="checkpoint")
+    default_out = os.path.join(source, "eval", f"step{step}")
+    where = os.path.abspath(source)
   evaluator = make_evaluator(
     setup,
     learner,
@@ -314,10 +326,10 @@ def evaluate_checkpoint(
     transcripts=True,
     samples=samples,
   )
-  out = out or os.path.join(source, "eval", f"step{step}")
+  out = out or default_out
   os.makedirs(out, exist_ok=True)
   summary: dict[str, Any] = {
-    "source": os.path.abspath(source),
+    "source": where,
     "step": step,
     "levels": episodes,
     "samples": samples,

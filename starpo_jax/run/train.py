@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from starpo_jax import sharding
@@ -319,11 +320,18 @@ def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
     step += 1
     r.profile.after(step, metrics)
     if step == r.sft_steps:
-      # RL starts from the warm-started policy with fresh optimizer moments.
+      # RL starts from the warm-started policy with fresh optimizer
+      # moments; its KL reference is that policy too (RAGEN's reference is
+      # the model RL starts from).
       state = state.replace(
         policy_opt=assembly.policy_optimizer_state(
           learner, state.policy, setup.mesh
-        )
+        ),
+        reference=(
+          jax.tree.map(jnp.copy, state.policy)
+          if setup.algo.uses_reference and state.reference is not None
+          else state.reference
+        ),
       )
     evaluating = r.evaluating(step)
     watching = setup.stop_cfg.enabled and phase == "rl"
