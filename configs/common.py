@@ -144,6 +144,45 @@ def single_turn(c: ml_collections.ConfigDict, algo: str) -> None:
     c.algo.adv_estimator = "grpo"
 
 
+def smollm2_on_cpu(
+  c: ml_collections.ConfigDict,
+  *,
+  turns: int,
+  context: int,
+  expert: str,
+  rl_steps: int,
+) -> None:
+  """SmolLM2-135M-Instruct sized so that one run (warm start, RL and three
+  held-out evaluations) takes at most 90 minutes on a 2-core CPU, in
+  RAGEN's think format: 32 episodes a step (8 levels x 4) of ``turns``
+  turns (RAGEN: 5) of up to 64 new tokens (RAGEN: 100).
+
+  The model answers RAGEN's prompt in the format in 0 to 3% of turns, so
+  RL alone sees no reward spread; a think-mode warm start (12 steps of 16
+  first turns: its own reasoning, then ``expert``'s answer) teaches it to
+  close its reasoning and answer (docs/results.md, "A pretrained model").
+  """
+  r = c.rollout
+  r.env_groups, r.group_size = 8, 4
+  r.max_turns = turns
+  r.max_new_tokens = 64
+  r.max_context = context
+  c.sft.steps = 12
+  c.sft.episodes = 16
+  c.sft.lr = 5e-5
+  c.sft.expert = expert
+  c.sft.reasoning_tokens = 32
+  c.train.steps = rl_steps
+  c.optim.lr = 1e-5
+  # Zero-shot, after the warm start, at the end: 128 levels at RAGEN's
+  # temperature (each evaluation costs about a RL step per 10 levels).
+  c.train.eval_every = c.sft.steps + rl_steps
+  c.train.eval_episodes = 128
+  c.train.eval_temperatures = (0.5,)
+  c.train.checkpoint_every = 4
+  c.diagnostics.collapse_every = 10
+
+
 def apply_model(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
   """``model=`` / ``ckpt=`` arguments, with settings fit for each model."""
   c.model.preset = args["model"]
@@ -169,6 +208,16 @@ def apply_model(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
       # first lines say so ("algorithm: grpo advantages"). Why:
       # docs/results.md, "Why these settings".
       c.algo.adv_estimator = "grpo"
+  elif args["model"] == "smollm2-135m":
+    # A pretrained 135M model sized for a CPU: float32 (XLA:CPU computes
+    # bfloat16 matmuls no faster), whole layers recomputed in the backward
+    # pass (faster here than keeping them: 131 against 153 s a FrozenLake
+    # step, and 16 GB less).
+    c.model.remat = "full"
+    # Group-relative advantages: a critic would be a second 135M model to
+    # run and train on two cores. The comparison between presets is of
+    # what StarPO-S changes (filter, clipping, KL), the same for both.
+    c.algo.adv_estimator = "grpo"
   else:
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "bfloat16"

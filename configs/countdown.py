@@ -49,4 +49,8 @@ def get_config(arg=None):
     if args["tools"]:
       # "<tool>calculator: 12 + 34</tool>", and three turns of context.
       c.rollout.max_context = 256
+  elif args["model"] == "smollm2-135m":
+    common.smollm2_on_cpu(
+      c, turns=1, context=512, expert="planner", rl_steps=40
+    )
   return c

@@ -31,4 +31,8 @@ def get_config(arg=None):
     # levels rather than 2 (docs/results.md, "Why these settings").
     c.rollout.env_groups = 16
     c.rollout.group_size = 8
+  elif args["model"] == "smollm2-135m":
+    common.smollm2_on_cpu(
+      c, turns=3, context=1024, expert="planner", rl_steps=20
+    )
   return c

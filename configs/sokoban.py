@@ -35,4 +35,8 @@ def get_config(arg=None):
     # RL's learning rate, smaller than the warm start's so that RL refines
     # what imitation taught (docs/results.md, "Why these settings").
     c.optim.lr = 1e-4
+  elif args["model"] == "smollm2-135m":
+    common.smollm2_on_cpu(
+      c, turns=3, context=1024, expert="planner", rl_steps=20
+    )
   return c

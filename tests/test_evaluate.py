@@ -146,8 +146,10 @@ def test_transcripts_replay_in_the_plain_python_rules(run_dir, evaluated):
 
 
 def test_bad_requests_are_named(tmp_path, run_dir):
-  with pytest.raises(SystemExit, match="exactly one of --workdir and --ckpt"):
+  with pytest.raises(SystemExit, match="--config alone"):
     evaluate_cli.main(["evaluate"])
+  with pytest.raises(SystemExit, match="not both"):
+    evaluate_cli.main(["evaluate", f"--workdir={run_dir}", f"--ckpt={run_dir}"])
   with pytest.raises(SystemExit, match=r"config\.json.*does not exist"):
     evaluate_cli.main(["evaluate", f"--workdir={tmp_path}"])
   with pytest.raises(SystemExit, match="--ckpt needs --config"):
@@ -158,6 +160,25 @@ def test_bad_requests_are_named(tmp_path, run_dir):
     evaluate_cli.main(
       ["evaluate", f"--workdir={run_dir}", "--temperatures=hot"]
     )
+
+
+def test_a_config_alone_evaluates_its_initial_policy(tmp_path):
+  # A pretrained model zero-shot; here the tiny model's initial weights.
+  summary = evaluate_cli.main(
+    [
+      "evaluate",
+      "--config=configs/bandit.py",
+      "--episodes=8",
+      "--temperatures=1.0",
+      f"--out={tmp_path}",
+    ]
+  )
+  assert summary["step"] == 0
+  assert summary["source"] == "the initial policy (tiny)"
+  for name, entry in summary["envs"].items():
+    assert set(entry) == {"random_valid", "t1"}
+    assert 0 <= entry["t1"]["format_rate"] <= 1
+    assert len(read_jsonl(tmp_path / f"{name}_t1.jsonl")) == 8
 
 
 def test_held_out_levels_are_no_training_steps_levels():

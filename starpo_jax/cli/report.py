@@ -64,6 +64,17 @@ PANELS = (
   Panel("reward_std", "in-group reward std", "rollout/in_group_reward_std"),
   Panel("entropy", "entropy (nats per token)", "rollout/entropy"),
   Panel("response_length", "reply length (tokens)", "rollout/response_length"),
+  Panel(
+    "think_tokens",
+    "reasoning before </think> (tokens, well-formed turns)",
+    "rollout/think_tokens",
+  ),
+  Panel(
+    "format_rate",
+    "answers in the format",
+    "rollout/format_rate",
+    unit_range=True,
+  ),
   Panel("grad_norm", "gradient norm", "train/grad_norm"),
   Panel(
     "mutual_information",
@@ -89,6 +100,8 @@ FINAL = (
   ("random valid player", "eval/random_success", True),
   ("training success", "rollout/success", True),
   ("valid action rate", "rollout/valid_action_rate", True),
+  ("answers in the format", "rollout/format_rate", True),
+  ("reasoning tokens a well-formed turn", "rollout/think_tokens", False),
   ("entropy", "rollout/entropy", False),
   ("in-group reward std", "rollout/in_group_reward_std", False),
   ("MI(prompt; reply)", "collapse/mi", False),

@@ -260,3 +260,21 @@ def test_smollm2_splits_the_think_tags_across_tokens():
   pieces = [tok.token_bytes(i) for i in ids]
   assert b"</think>" not in pieces  # the tag is several tokens
   assert b"".join(pieces).decode() == tok.decode(ids)
+
+
+@pytest.mark.parametrize(
+  "name", ["bandit", "countdown", "frozen_lake", "sokoban"]
+)
+def test_smollm2_configs_build_in_think_mode(name):
+  import importlib
+
+  from starpo_jax.run import assembly
+
+  module = importlib.import_module(f"configs.{name}")
+  setup = assembly.build(module.get_config("model=smollm2-135m"))
+  assert setup.ckpt == checkpoints.resolve("smollm2-135m")
+  assert setup.rollout_cfg.enable_think and setup.rollout_cfg.prompt == "ragen"
+  assert setup.tokenizer.vocab_size == 49_152
+  # The warm start's replies (32 tokens of reasoning, then the answer) fit
+  # a turn's budget: build checked it.
+  assert setup.sft_cfg.steps > 0 and setup.sft_cfg.reasoning_tokens == 32
