@@ -551,6 +551,34 @@ def world_model_loss(
   }
 
 
+def _objective(
+  expert: str,
+  policy_def: Any,
+  traj: Trajectory,
+  keep: jax.Array,
+  max_generated: int,
+  temperature: float,
+  allowed: jax.Array | None,
+  logits_chunk: int,
+):
+  """Whether any token trains, and ``params -> (loss, stats)``: the
+  world model's loss for ``expert="world_model"``, else imitation."""
+  if expert == "world_model":
+    return jnp.any(traj.loss_mask), lambda p: world_model_loss(
+      p, policy_def, traj, logits_chunk, keep
+    )
+  return jnp.any(traj.loss_mask & keep[:, None]), lambda p: imitation_loss(
+    p,
+    policy_def,
+    traj,
+    max_generated,
+    temperature,
+    allowed,
+    logits_chunk,
+    keep,
+  )
+
+
 def make_sft_step(
   *,
   env: Env,
@@ -601,29 +629,19 @@ def make_sft_step(
     )
     keep = traj.success if sft_cfg.keep == "successes" else traj.length > 0
     keep = keep & found
-    live = jnp.any(traj.loss_mask & keep[:, None])
-    if sft_cfg.expert == "world_model":
-      live = jnp.any(traj.loss_mask)
-      objective = lambda p: world_model_loss(
-        p, policy_def, traj, logits_chunk, keep
-      )
-    else:
-      objective = lambda p: imitation_loss(
-        p,
-        policy_def,
-        traj,
-        cfg.max_generated,
-        rollout_cfg.temperature,
-        codec.allowed,
-        logits_chunk,
-        keep,
-      )
+    live, objective = _objective(
+      sft_cfg.expert,
+      policy_def,
+      traj,
+      keep,
+      cfg.max_generated,
+      rollout_cfg.temperature,
+      codec.allowed,
+      logits_chunk,
+    )
+    grad_fn = jax.value_and_grad(objective, has_aux=True)
     params, opt, stats, finite = apply_gradients(
-      tx,
-      jax.value_and_grad(objective, has_aux=True),
-      state.policy,
-      state.policy_opt,
-      live,
+      tx, grad_fn, state.policy, state.policy_opt, live
     )
     nonfinite = jnp.where(finite, 0, state.nonfinite + 1)
     new_state = state.replace(
@@ -633,8 +651,7 @@ def make_sft_step(
     metrics["sft/expert_success"] = jnp.mean(traj.success)
     metrics["sft/kept"] = jnp.mean(keep)
     if think:
-      own = reasoning[1].astype(jnp.float32)
-      metrics["sft/own_reasoning_tokens"] = jnp.mean(own)
+      metrics["sft/own_reasoning_tokens"] = jnp.mean(reasoning[1] * 1.0)
     metrics["train/skipped_nonfinite"] = (~finite).astype(jnp.float32)
     metrics["train/nonfinite_streak"] = nonfinite.astype(jnp.float32)
     return new_state, metrics

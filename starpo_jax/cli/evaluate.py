@@ -60,6 +60,34 @@ def describe(summary: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def _source(workdir: str | None, ckpt: str | None, config: Any) -> str | None:
+  """The run or checkpoint directory to evaluate (None: the config's
+  initial policy); a request that names none or both exits."""
+  if workdir is not None and ckpt is not None:
+    raise SystemExit("evaluate: give one of --workdir and --ckpt, not both")
+  source = workdir or ckpt
+  if source is None and config is None:
+    raise SystemExit(
+      "evaluate: give --workdir, --ckpt with --config, or --config alone "
+      "(the config's initial policy)"
+    )
+  if source is not None and not os.path.isdir(source):
+    raise SystemExit(f"evaluate: {source!r} is not a directory")
+  return source
+
+
+def _temperatures(values: list[str] | None) -> tuple[float, ...] | None:
+  """``--temperatures`` as numbers (None: the config's)."""
+  if values is None:
+    return None
+  try:
+    return tuple(float(x) for x in values)
+  except ValueError:
+    raise assembly.ConfigError(
+      f"--temperatures={','.join(values)}: not numbers"
+    ) from None
+
+
 def main(argv: list[str]) -> dict[str, Any]:
   """The command line (``argv[0]`` is the program name)."""
   from absl import flags
@@ -105,30 +133,14 @@ def main(argv: list[str]) -> dict[str, Any]:
     fv(argv)
   except flags.Error as e:
     raise SystemExit(f"evaluate: {e}") from None
-  if workdir.value is not None and ckpt.value is not None:
-    raise SystemExit("evaluate: give one of --workdir and --ckpt, not both")
-  source = workdir.value or ckpt.value
-  if source is None and config.value is None:
-    raise SystemExit(
-      "evaluate: give --workdir, --ckpt with --config, or --config alone "
-      "(the config's initial policy)"
-    )
-  if source is not None and not os.path.isdir(source):
-    raise SystemExit(f"evaluate: {source!r} is not a directory")
+  source = _source(workdir.value, ckpt.value, config.value)
   cfg = config.value
   try:
     if cfg is None:
       if ckpt.value is not None:
         raise assembly.ConfigError("--ckpt needs --config")
       cfg = assembly.load_config(source)
-    temperatures = None
-    if temps.value is not None:
-      try:
-        temperatures = tuple(float(x) for x in temps.value)
-      except ValueError:
-        raise assembly.ConfigError(
-          f"--temperatures={','.join(temps.value)}: not numbers"
-        ) from None
+    temperatures = _temperatures(temps.value)
     summary = evaluator.evaluate_checkpoint(
       cfg,
       source,

@@ -6,6 +6,7 @@ dependency; without it nothing is compared and the report says so.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -62,7 +63,8 @@ _PROMPT_ENVS = ("sokoban", "frozen_lake", "bandit", "countdown", "sudoku_4x4")
 _GREEDY_PROMPT = "What is the capital of France? Answer in one sentence."
 
 
-def environment_prompts(per_env: int, seed: int = 0) -> list[str]:
+@functools.cache
+def environment_prompts(per_env: int, seed: int = 0) -> tuple[str, ...]:
   """RAGEN's first-turn prompts (system message, the state, think
   format), chat-templated, on ``per_env`` levels of each environment."""
   settings = codec.PromptSettings(enable_think=True)
@@ -80,7 +82,7 @@ def environment_prompts(per_env: int, seed: int = 0) -> list[str]:
         ("user", f"Turn 1:\nState:\n{state}"),
       ]
       out.append(tokenizer_lib.CHATML.render(messages, True) + "<think>")
-  return out
+  return tuple(out)
 
 
 def corpus(n: int = 1000, seed: int = 0) -> list[str]:
@@ -88,7 +90,7 @@ def corpus(n: int = 1000, seed: int = 0) -> list[str]:
   sentences, and random mixes of words, digits, symbols, tags, chat
   markers, whitespace runs and multi-byte characters."""
   rng = np.random.default_rng(seed)
-  texts = environment_prompts(8, seed)
+  texts = list(environment_prompts(8, seed))
   texts += [s.strip() for s in PASSAGE.split(". ")]
   words = PASSAGE.split()
   extras = [
@@ -183,23 +185,6 @@ def _forward(model):
   return lambda tokens: fn(state, jnp.asarray(tokens, jnp.int32))
 
 
-def _greedy(
-  forward, prompt: list[int], steps: int, banned: tuple[int, ...]
-) -> list[int]:
-  """``steps`` greedy tokens after ``prompt``, never one of ``banned``
-  (the stop tokens, so that every step is compared): the whole sequence
-  at one static length each step (causal, so padding after it changes
-  nothing)."""
-  length = len(prompt) + steps
-  tokens = np.zeros((1, length), np.int32)
-  tokens[0, : len(prompt)] = prompt
-  for t in range(len(prompt), length):
-    logits = np.array(forward(tokens)[0, t - 1])
-    logits[list(banned)] = -np.inf
-    tokens[0, t] = int(np.argmax(logits))
-  return [int(t) for t in tokens[0, len(prompt) :]]
-
-
 def _reference_ids(path: str, ref_tok) -> Any:
   """``text -> token ids`` by transformers' tokenizer; for a GGUF file,
   on the pieces llama.cpp's pre-tokenizer rule for it makes
@@ -237,29 +222,44 @@ def _compare_tokens(ours_tok, ref_tok, path: str) -> dict[str, Any]:
 
 
 def _compare_greedy(forward, ref_model, ours_tok, steps: int) -> dict[str, Any]:
-  """``steps`` greedy tokens after a chat prompt, ours and transformers'
-  ``generate``, the stop tokens suppressed in both."""
+  """``steps`` greedy tokens after a chat prompt by transformers'
+  ``generate``, against ours, the stop tokens suppressed in both.
+
+  Ours are read from one forward pass over the prompt and transformers'
+  tokens (teacher forcing): our greedy choice after each of their
+  prefixes. Equal at every position is the same as our own greedy
+  generation being identical to theirs (each prefix then is ours too),
+  and the first position that differs is where ours would part.
+  """
   import torch
 
   prompt = ours_tok.encode(
     tokenizer_lib.CHATML.render([("user", _GREEDY_PROMPT)], True)
   )
-  banned = ours_tok.stop_ids
-  mine = _greedy(forward, prompt, steps, banned)
+  banned = list(ours_tok.stop_ids)
   with torch.no_grad():
     out = ref_model.generate(
       torch.tensor([prompt]),
       attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
       max_new_tokens=steps,
       do_sample=False,
-      suppress_tokens=list(banned),
+      suppress_tokens=banned,
     )
   theirs = [int(t) for t in out[0, len(prompt) :]]
-  return {
+  tokens = np.asarray([prompt + theirs], np.int32)
+  logits = np.array(forward(tokens)[0, len(prompt) - 1 : -1])
+  logits[:, banned] = -np.inf
+  mine = [int(t) for t in logits.argmax(-1)]
+  pairs = enumerate(zip(mine, theirs, strict=True))
+  differ = [i for i, (a, b) in pairs if a != b]
+  report = {
     "greedy_tokens": steps,
-    "greedy_identical": mine == theirs,
-    "greedy_text": repr(ours_tok.decode(mine)),
+    "greedy_identical": not differ,
+    "greedy_text": repr(ours_tok.decode(theirs)),
   }
+  if differ:
+    report["greedy_first_difference"] = differ[0]
+  return report
 
 
 def verify(
@@ -280,7 +280,11 @@ def verify(
   ours_tok = None
   if gguf.is_gguf(path) or os.path.isfile(os.path.join(path, "tokenizer.json")):
     ours_tok = checkpoints.tokenizer(path)
-    ids = ours_tok.encode(" ".join([PASSAGE, *environment_prompts(2)]))
+    # The passage and the first two levels of each environment's prompt
+    # (the corpus's own, computed once).
+    prompts = environment_prompts(8)
+    firsts = [p for i, p in enumerate(prompts) if i % 8 < 2]
+    ids = ours_tok.encode(" ".join([PASSAGE, *firsts]))
     ids = (ids * (1 + sequences * length // len(ids)))[: sequences * length]
   else:
     vocab = checkpoints.read_config(path).vocab_size

@@ -272,6 +272,41 @@ def _label(t: float) -> str:
   return "greedy" if t == 0 else f"t{t:g}"
 
 
+def _write_records(stem: str, records: list[dict], transcripts: int) -> None:
+  """Every episode as a JSON line (``stem.jsonl``), the first
+  ``transcripts`` as readable text (``stem.txt``)."""
+  with open(stem + ".jsonl", "w") as f:
+    for r in records:
+      f.write(json.dumps(r) + "\n")
+  with open(stem + ".txt", "w") as f:
+    f.write("\n\n".join(transcript(r) for r in records[:transcripts]))
+
+
+def _policy(
+  setup: assembly.Setup, source: str | None, step: int | None
+) -> tuple[int, Any, str, str]:
+  """``(step, params, default output directory, description)`` of
+  ``source``'s checkpoint at ``step``, or of the initial policy."""
+  config = setup.config
+  if source is None:
+    model = config.model.ckpt or config.model.preset
+    return (
+      0,
+      assembly.initial_policy(setup),
+      os.path.join(
+        "runs", config.env.name, "eval", f"initial-{os.path.basename(model)}"
+      ),
+      f"the initial policy ({setup.ckpt or config.model.preset})",
+    )
+  step, params = assembly.load_policy(setup, source, step, what="checkpoint")
+  return (
+    step,
+    params,
+    os.path.join(source, "eval", f"step{step}"),
+    os.path.abspath(source),
+  )
+
+
 def evaluate_checkpoint(
   config: Any,
   source: str | None,
@@ -307,17 +342,7 @@ def evaluate_checkpoint(
   )
   setup = assembly.build(config)
   learner = assembly.make_learner(setup)
-  if source is None:
-    step, params = 0, assembly.initial_policy(setup)
-    model = config.model.ckpt or config.model.preset
-    default_out = os.path.join(
-      "runs", config.env.name, "eval", f"initial-{os.path.basename(model)}"
-    )
-    where = f"the initial policy ({setup.ckpt or config.model.preset})"
-  else:
-    step, params = assembly.load_policy(setup, source, step, what="checkpoint")
-    default_out = os.path.join(source, "eval", f"step{step}")
-    where = os.path.abspath(source)
+  step, params, default_out, where = _policy(setup, source, step)
   evaluator = make_evaluator(
     setup,
     learner,
@@ -341,19 +366,19 @@ def evaluate_checkpoint(
       name, {"random_valid": evaluator.random[name]}
     )
     entry[_label(temp)] = evaluator.stats(traj)
-    names = evaluator.action_names[name]
     records = [
       episode_record(
-        traj, setup.tokenizer, names, i, evaluator.error((name, temp), i)
+        traj,
+        setup.tokenizer,
+        evaluator.action_names[name],
+        i,
+        evaluator.error((name, temp), i),
       )
       for i in range(traj.success.shape[0])
     ]
-    stem = os.path.join(out, f"{name}_{_label(temp)}")
-    with open(stem + ".jsonl", "w") as f:
-      for r in records:
-        f.write(json.dumps(r) + "\n")
-    with open(stem + ".txt", "w") as f:
-      f.write("\n\n".join(transcript(r) for r in records[:transcripts]))
+    _write_records(
+      os.path.join(out, f"{name}_{_label(temp)}"), records, transcripts
+    )
   with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
   return {**summary, "out": out}

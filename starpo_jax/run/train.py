@@ -288,6 +288,21 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     r.close()
 
 
+def _start_rl(setup: assembly.Setup, learner: Learner, state: Any) -> Any:
+  """The state RL starts from: the warm-started policy with fresh
+  optimizer moments; its KL reference is that policy too (RAGEN's
+  reference is the model RL starts from)."""
+  reference = state.reference
+  if setup.algo.uses_reference and reference is not None:
+    reference = jax.tree.map(jnp.copy, state.policy)
+  return state.replace(
+    policy_opt=assembly.policy_optimizer_state(
+      learner, state.policy, setup.mesh
+    ),
+    reference=reference,
+  )
+
+
 def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
   """``run``'s steps, from the workdir's checkpoint to the end, an early
   stop or a preemption."""
@@ -320,19 +335,7 @@ def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
     step += 1
     r.profile.after(step, metrics)
     if step == r.sft_steps:
-      # RL starts from the warm-started policy with fresh optimizer
-      # moments; its KL reference is that policy too (RAGEN's reference is
-      # the model RL starts from).
-      state = state.replace(
-        policy_opt=assembly.policy_optimizer_state(
-          learner, state.policy, setup.mesh
-        ),
-        reference=(
-          jax.tree.map(jnp.copy, state.policy)
-          if setup.algo.uses_reference and state.reference is not None
-          else state.reference
-        ),
-      )
+      state = _start_rl(setup, learner, state)
     evaluating = r.evaluating(step)
     watching = setup.stop_cfg.enabled and phase == "rl"
     if evaluating or watching or step % config.train.log_every == 0:
