@@ -228,8 +228,13 @@ def brief(setup: assembly.Setup, parameters: int, workdir: str) -> list[str]:
   devices = jax.devices()
   return [
     f"{c.env.name}: {steps} of {rc.batch} episodes ({rc.env_groups} groups "
-    f"x {rc.group_size}), up to {rc.max_turns} turns of "
-    f"{rc.max_new_tokens} tokens",
+    f"x {rc.group_size}), "
+    + (
+      f"up to {rc.max_turns} turns of "
+      if rc.max_turns > 1
+      else "one turn of up to "
+    )
+    + f"{rc.max_new_tokens} tokens",
     f"algorithm: {algo.adv_estimator} advantages, kept: {kept}, clip "
     f"{algo.clip_low:g}/{algo.clip_high:g}, KL {algo.kl_coef:g}, "
     f"lr {c.optim.lr:g}",
