@@ -33,6 +33,8 @@ def write_run(path, steps=30, success=0.5, collapse_from=None, stop=None):
       "rollout/entropy": 1.0 / s,
       "rollout/response_length": 6.0,
       "rollout/valid_action_rate": 0.9,
+      "rollout/format_rate": 0.95,
+      "rollout/think_tokens": 30.0 - 0.5 * s,
       "train/grad_norm": 0.5,
       "time/elapsed_s": 10.0 * s,
     }
