@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -77,6 +78,28 @@ def machine() -> dict[str, Any]:
     "devices": [str(d) for d in jax.devices()],
     "python": platform.python_version(),
   }
+
+
+def commit() -> str:
+  """The checkout's commit (with ``+changes`` where files differ from it),
+  or ``unknown`` outside a git checkout."""
+  where = os.path.dirname(os.path.abspath(__file__))
+  try:
+    head = subprocess.run(
+      ["git", "-C", where, "rev-parse", "HEAD"],
+      capture_output=True,
+      text=True,
+      check=True,
+    ).stdout.strip()
+    dirty = subprocess.run(
+      ["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
+      capture_output=True,
+      text=True,
+      check=True,
+    ).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+  return head + ("+changes" if dirty else "")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import common
 from starpo_jax.run import metrics as metrics_lib
 
 
@@ -30,6 +31,8 @@ def _pct(x: float) -> str:
 
 def _eval(record: dict[str, Any], at: str = "") -> str:
   get = lambda stat: record[f"eval/{stat}{at}"]
+  if f"eval/success{at}" not in record:
+    return "-"
   return (
     f"{_pct(get('success'))} [{100 * get('success_lo'):.1f}, "
     f"{100 * get('success_hi'):.1f}]"
@@ -62,7 +65,11 @@ def summarize(workdir: str) -> dict[str, Any]:
     "final": final,
     "best": max(evals, key=lambda r: r["eval/success"]),
     "gain": final["eval/success"] - start["eval/success"],
-    "gain_greedy": final["eval/success@t0"] - start["eval/success@t0"],
+    "gain_greedy": (
+      final["eval/success@t0"] - start["eval/success@t0"]
+      if "eval/success@t0" in final and "eval/success@t0" in start
+      else np.nan
+    ),
     "train_success": (
       mean(rl[:10], "rollout/success"),
       mean(rl[-10:], "rollout/success"),
@@ -106,6 +113,14 @@ def table(runs: list[dict[str, Any]]) -> str:
         f"{100 * s['gain']:+.1f} / {100 * s['gain_greedy']:+.1f} points"
       ),
     ),
+    (
+      "held-out answers in the format, untrained / warm start / final",
+      lambda s: _three(s, "eval/format_rate", _pct),
+    ),
+    (
+      "held-out reasoning tokens a well-formed turn, same three",
+      lambda s: _three(s, "eval/think_tokens", lambda x: f"{x:.1f}"),
+    ),
     ("random valid player, same levels", lambda s: _random(s["final"])),
     (
       "training success, first / last 10 RL steps",
@@ -135,6 +150,15 @@ def _random(record: dict[str, Any]) -> str:
   )
 
 
+def _three(s: dict[str, Any], key: str, fmt: Any) -> str:
+  """``key`` untrained, where RL began and at the end ("-": not logged,
+  as for a model answering without reasoning)."""
+  records = (s["untrained"], s["start"], s["final"])
+  if any(key not in r for r in records):
+    return "-"
+  return " / ".join(fmt(r[key]) for r in records)
+
+
 def _pair(pair: tuple[float, float]) -> str:
   return f"{_pct(pair[0])} / {_pct(pair[1])}"
 
@@ -147,8 +171,9 @@ def main(argv: list[str] | None = None) -> None:
   runs = [summarize(w) for w in args.workdirs]
   print(table(runs))
   if args.json:
+    payload = {"machine": common.machine(), "commit": common.commit()}
     with open(args.json, "w") as f:
-      json.dump(runs, f, indent=1)
+      json.dump({**payload, "runs": runs}, f, indent=1)
     print(f"wrote {args.json}")
 
 

@@ -69,3 +69,33 @@ def test_the_curves_render(resumed_run, tmp_path):
   out = tmp_path / "curves.png"
   plot_curves.main([str(resumed_run), "--out", str(out)])
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_thinking_run_without_greedy_evaluations(tmp_path):
+  # A pretrained model's run: held-out evaluations at t=0.5 only, with
+  # the format rate and reasoning tokens a turn.
+  def ev(step, success, fmt, think):
+    out = {k: v for k, v in _eval(step, success, 1.0).items() if "@t0" not in k}
+    return out | {"eval/format_rate": fmt, "eval/think_tokens": think}
+
+  records = [
+    ev(0, 0.0, 0.05, 9.0),
+    {**ev(1, 0.3, 0.7, 12.4), "sft/loss": 1.0},
+    {**_rl(2, 0.4, 2.0), **ev(2, 0.5, 0.95, 8.25)},
+  ]
+  (tmp_path / "metrics.jsonl").write_text(
+    "".join(json.dumps(r) + "\n" for r in records)
+  )
+  text = learning_table.table([learning_table.summarize(str(tmp_path))])
+  assert "| final, greedy | - |" in text
+  assert "| 5.0% / 70.0% / 95.0% |" in text
+  assert "| 9.0 / 12.4 / 8.2 |" in text
+
+
+def test_the_json_names_the_machine_and_commit(resumed_run, tmp_path):
+  out = tmp_path / "learn.json"
+  learning_table.main([str(resumed_run), "--json", str(out)])
+  payload = json.loads(out.read_text())
+  assert payload["machine"]["cores"] >= 1
+  assert len(payload["commit"].split("+")[0]) == 40
+  assert payload["runs"][0]["rl_steps"] == 3
