@@ -110,7 +110,13 @@ def table(runs: list[dict[str, Any]]) -> str:
     (
       "RL's gain over its start, t=0.5 / greedy",
       lambda s: (
-        f"{100 * s['gain']:+.1f} / {100 * s['gain_greedy']:+.1f} points"
+        f"{100 * s['gain']:+.1f} / "
+        + (
+          "-"
+          if np.isnan(s["gain_greedy"])
+          else f"{100 * s['gain_greedy']:+.1f}"
+        )
+        + " points"
       ),
     ),
     (

@@ -40,6 +40,6 @@ def get_config(arg=None):
     c.train.eval_every = c.sft.steps + c.train.steps
   elif args["model"] == "smollm2-135m":
     common.smollm2_on_cpu(
-      c, turns=1, context=512, expert="random_valid", rl_steps=40
+      c, turns=1, context=512, expert="random_valid", rl_steps=24
     )
   return c

@@ -157,10 +157,12 @@ def smollm2_on_cpu(
   RAGEN's think format: 32 episodes a step (8 levels x 4) of ``turns``
   turns (RAGEN: 5) of up to 64 new tokens (RAGEN: 100).
 
-  The model answers RAGEN's prompt in the format in 0 to 3% of turns, so
-  RL alone sees no reward spread; a think-mode warm start (12 steps of 16
-  first turns: its own reasoning, then ``expert``'s answer) teaches it to
-  close its reasoning and answer (docs/results.md, "A pretrained model").
+  Zero-shot the model answers RAGEN's prompt in the format in 3 to 22% of
+  turns and solves 0 to 2.3% of held-out levels, so RL alone sees almost
+  no reward spread; a think-mode warm start (12 steps of 16 first turns:
+  its own reasoning, then ``expert``'s answer) teaches it to close its
+  reasoning and answer (docs/results.md, "A pretrained model that
+  reasons").
   """
   r = c.rollout
   r.env_groups, r.group_size = 8, 4

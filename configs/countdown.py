@@ -51,6 +51,6 @@ def get_config(arg=None):
       c.rollout.max_context = 256
   elif args["model"] == "smollm2-135m":
     common.smollm2_on_cpu(
-      c, turns=1, context=512, expert="planner", rl_steps=40
+      c, turns=1, context=512, expert="planner", rl_steps=24
     )
   return c

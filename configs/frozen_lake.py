@@ -33,6 +33,6 @@ def get_config(arg=None):
     c.rollout.group_size = 8
   elif args["model"] == "smollm2-135m":
     common.smollm2_on_cpu(
-      c, turns=3, context=1024, expert="planner", rl_steps=20
+      c, turns=3, context=1024, expert="planner", rl_steps=12
     )
   return c

@@ -88,6 +88,7 @@ def test_a_thinking_run_without_greedy_evaluations(tmp_path):
   )
   text = learning_table.table([learning_table.summarize(str(tmp_path))])
   assert "| final, greedy | - |" in text
+  assert "+20.0 / - points" in text
   assert "| 5.0% / 70.0% / 95.0% |" in text
   assert "| 9.0 / 12.4 / 8.2 |" in text
 
