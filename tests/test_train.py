@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import re
@@ -171,6 +172,12 @@ def test_a_profiled_run_writes_a_trace_of_the_chosen_steps(tmp_path, capsys):
   traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
   assert len(traces) == 1 and traces[0].stat().st_size > 0
   assert f"profile of steps 2-2: {tmp_path}" in capsys.readouterr().out
+  # A step's time is its run, not its asynchronous dispatch: most of the
+  # wall time between two logged steps.
+  logged = metrics_lib.read_metrics(str(tmp_path))
+  for before, after in itertools.pairwise(logged[1:]):
+    wall = after["time/elapsed_s"] - before["time/elapsed_s"]
+    assert after["time/step_s"] > 0.5 * wall, (after["step"], wall)
 
 
 def _comparable(records):

@@ -254,9 +254,14 @@ def brief(setup: assembly.Setup, parameters: int, workdir: str) -> list[str]:
   ]
 
 
-def _host_metrics(metrics: dict[str, Any], step_s: float) -> dict[str, float]:
-  """A step's device metrics as host floats, with its time and rate."""
+def _host_metrics(metrics: dict[str, Any], t0: float) -> dict[str, float]:
+  """A step's device metrics as host floats, with its time and rate.
+
+  The step runs asynchronously: its time is taken once its metrics are on
+  the host, from ``t0``, its call (with ``log_every`` > 1 that includes
+  finishing the unlogged steps queued before it)."""
   out = {k: float(sharding.local_value(v)) for k, v in metrics.items()}
+  step_s = time.perf_counter() - t0
   out = diagnostics.logged(out)
   out["time/step_s"] = step_s
   if "rollout/generated_tokens" in out:
@@ -344,7 +349,7 @@ def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
     evaluating = r.evaluating(step)
     watching = setup.stop_cfg.enabled and phase == "rl"
     if evaluating or watching or step % config.train.log_every == 0:
-      metrics = _host_metrics(metrics, time.perf_counter() - t0)
+      metrics = _host_metrics(metrics, t0)
       if evaluating:
         metrics.update(r.evaluate(step, state.policy))
       # Wall time since this process started the run, compiles included.
