@@ -423,6 +423,72 @@ def reset_seeds(keys: jax.Array) -> jax.Array:
   )(keys)
 
 
+def host_call(
+  fn: Callable[..., tuple[np.ndarray, ...]],
+  outs: tuple[jax.ShapeDtypeStruct, ...],
+  batch_dims: tuple[int, ...],
+  batch_axes: tuple[str, ...],
+  *args: Any,
+) -> tuple[jax.Array, ...]:
+  """``fn(offset, *args)`` on the host, args as NumPy: ONE call for the
+  whole batch, or, traced for a mesh that shards the batch (axis 0 of
+  every arg) over ``batch_axes``, one per shard (its rows are slots
+  ``offset`` on), run by the process holding the shard. Devices that
+  hold a copy of a shard (other mesh axes) skip the call and take the
+  stepping device's result.
+  ``batch_dims``: each output's batch axis."""
+  mesh = jax.sharding.get_abstract_mesh()
+  axes = tuple(
+    a
+    for a in batch_axes
+    if not mesh.empty and a in mesh.axis_names and mesh.shape[a] > 1
+  )
+  shards = math.prod(mesh.shape[a] for a in axes)
+  b = jax.tree.leaves(args)[0].shape[0]
+  on_host = lambda offset, *x: fn(int(offset), *jax.tree.map(np.asarray, x))
+  if shards == 1 or b % shards:
+    return io_callback(lambda *x: on_host(0, *x), outs, *args)
+  rows = b // shards
+  local = tuple(
+    jax.ShapeDtypeStruct((*s.shape[:d], rows, *s.shape[d + 1 :]), s.dtype)
+    for s, d in zip(outs, batch_dims, strict=True)
+  )
+  copies = tuple(
+    a for a in mesh.axis_names if a not in axes and mesh.shape[a] > 1
+  )
+
+  def one_shard(offset, lead, *x):
+    if not lead:
+      return tuple(np.zeros(s.shape, s.dtype) for s in local)
+    return on_host(offset, *x)
+
+  def body(*x):
+    offset = jax.lax.axis_index(axes) * rows
+    lead = jnp.ones((), bool)
+    for a in copies:
+      lead &= jax.lax.axis_index(a) == 0
+    got = io_callback(one_shard, local, offset, lead, *x)
+    if not copies:
+      return got
+    return tuple(
+      jax.lax.psum(g.astype(jnp.int32), copies).astype(g.dtype)
+      if g.dtype == jnp.bool_
+      else jax.lax.psum(g, copies)
+      for g in got
+    )
+
+  spec = jax.sharding.PartitionSpec(axes)
+  return jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=jax.tree.map(lambda _: spec, args),
+    out_specs=tuple(
+      jax.sharding.PartitionSpec(*([None] * d), axes) for d in batch_dims
+    ),
+    check_vma=False,
+  )(*args)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class HostEnvironment:
   """A ``HostSpec`` as the rollout steps it (see the module docstring).
@@ -482,70 +548,6 @@ class HostEnvironment:
       )
     return self.slots
 
-  def _host_call(
-    self,
-    fn: Callable[..., tuple[np.ndarray, ...]],
-    outs: tuple[jax.ShapeDtypeStruct, ...],
-    batch_dims: tuple[int, ...],
-    *args: Any,
-  ) -> tuple[jax.Array, ...]:
-    """``fn(offset, *args)`` on the host, args as NumPy: ONE call for the
-    whole batch, or, traced for a mesh that shards the batch over
-    ``batch_axes``, one per shard (its rows are slots ``offset`` on), run
-    by the process holding the shard. Devices that hold a copy of a shard
-    (other mesh axes) skip the call and take the stepping device's result.
-    ``batch_dims``: each output's batch axis."""
-    mesh = jax.sharding.get_abstract_mesh()
-    axes = tuple(
-      a
-      for a in self.batch_axes
-      if not mesh.empty and a in mesh.axis_names and mesh.shape[a] > 1
-    )
-    shards = math.prod(mesh.shape[a] for a in axes)
-    b = jax.tree.leaves(args)[0].shape[0]
-    on_host = lambda offset, *x: fn(int(offset), *jax.tree.map(np.asarray, x))
-    if shards == 1 or b % shards:
-      return io_callback(lambda *x: on_host(0, *x), outs, *args)
-    rows = b // shards
-    local = tuple(
-      jax.ShapeDtypeStruct((*s.shape[:d], rows, *s.shape[d + 1 :]), s.dtype)
-      for s, d in zip(outs, batch_dims, strict=True)
-    )
-    copies = tuple(
-      a for a in mesh.axis_names if a not in axes and mesh.shape[a] > 1
-    )
-
-    def one_shard(offset, lead, *x):
-      if not lead:
-        return tuple(np.zeros(s.shape, s.dtype) for s in local)
-      return on_host(offset, *x)
-
-    def body(*x):
-      offset = jax.lax.axis_index(axes) * rows
-      lead = jnp.ones((), bool)
-      for a in copies:
-        lead &= jax.lax.axis_index(a) == 0
-      got = io_callback(one_shard, local, offset, lead, *x)
-      if not copies:
-        return got
-      return tuple(
-        jax.lax.psum(g.astype(jnp.int32), copies).astype(g.dtype)
-        if g.dtype == jnp.bool_
-        else jax.lax.psum(g, copies)
-        for g in got
-      )
-
-    spec = jax.sharding.PartitionSpec(axes)
-    return jax.shard_map(
-      body,
-      mesh=mesh,
-      in_specs=jax.tree.map(lambda _: spec, args),
-      out_specs=tuple(
-        jax.sharding.PartitionSpec(*([None] * d), axes) for d in batch_dims
-      ),
-      check_vma=False,
-    )(*args)
-
   def render(self, state: HostState) -> tuple[jax.Array, jax.Array]:
     """The observation's tokens ``[max_obs_tokens]`` and how many."""
     return state.obs, state.length
@@ -566,11 +568,17 @@ class HostEnvironment:
       jax.ShapeDtypeStruct((b,), jnp.bool_),
     )
     if levels is None:
-      got = self._host_call(
-        lambda o, s: slots.reset(o, s, None), outs, (0,) * 4, seeds
+      got = host_call(
+        lambda o, s: slots.reset(o, s, None),
+        outs,
+        (0,) * 4,
+        self.batch_axes,
+        seeds,
       )
     else:
-      got = self._host_call(slots.reset, outs, (0,) * 4, seeds, levels)
+      got = host_call(
+        slots.reset, outs, (0,) * 4, self.batch_axes, seeds, levels
+      )
     obs, length, failed, cut = got
     return HostState(
       obs=obs,
@@ -611,10 +619,11 @@ class HostEnvironment:
       answer.length if answer is not None else jnp.zeros((b,), jnp.int32)
     )
     live = active & ~states.error
-    got = self._host_call(
+    got = host_call(
       host,
       shapes,
       tuple(1 if dims == "ab" else 0 for dims, _ in _TURN_FIELDS.values()),
+      self.batch_axes,
       actions,
       data,
       lengths,
@@ -657,10 +666,11 @@ class HostEnvironment:
     slots = self._bound()
     b = states.length.shape[0]
     seeds = reset_seeds(jax.random.split(key, b))
-    (won,) = self._host_call(
+    (won,) = host_call(
       lambda o, s: (slots.random_play(o, s, horizon),),
       (jax.ShapeDtypeStruct((b,), jnp.bool_),),
       (0,),
+      self.batch_axes,
       seeds,
     )
     return won & ~states.error

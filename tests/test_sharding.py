@@ -270,3 +270,12 @@ def test_python_episodes_are_stepped_per_batch_shard_on_a_mesh():
   turns = len(one)
   assert one == [[0, 16]] * turns
   assert sorted(mesh) == sorted([[o, 4] for o in (0, 4, 8, 12)] * turns)
+  # The jittable Sokoban, observations tokenized as text: the same tokens
+  # as gym-sokoban's on both meshes, one host call per shard and turn.
+  assert result["text_equal"]
+  one, mesh = (
+    result["text_calls"]["(1, 1, 1)"],
+    result["text_calls"]["(2, 2, 2)"],
+  )
+  assert one == [[0, 16]] * turns
+  assert sorted(mesh) == sorted([[o, 4] for o in (0, 4, 8, 12)] * turns)

@@ -245,22 +245,38 @@ def test_text_answers_are_the_reference_answer_bytes(think):
   assert given + blank < 0.99 * len(samples)
 
 
+@pytest.mark.parametrize("mode", codec_lib.OBSERVATION_TOKENS)
 @pytest.mark.parametrize("tok_name", sorted(TOKENIZERS))
-def test_rendered_tokens_decode_to_the_rendered_text(tok_name):
+def test_rendered_tokens_are_the_tokenizers_own(tok_name, mode):
+  # "text": exactly what the tokenizer gives for the observation's whole
+  # text (where it merges bytes); "pieces": each piece's own tokens in a
+  # row. Both decode to the text.
   tok = TOKENIZERS[tok_name]()
+  settings = dataclasses.replace(SETTINGS, observation_tokens=mode)
+  differ = 0
   for name, env in env_variants():
-    codec = codec_lib.Codec.build(tok, env.spec, SETTINGS)
+    codec = codec_lib.Codec.build(tok, env.spec, settings)
     states = jax.tree.map(lambda x: x[:64], level_pool(name))
 
     @jax.jit
     def render(codec, states, env=env):
       pieces, n = jax.vmap(env.render)(states)
-      return pieces, n, *jax.vmap(codec.render)(pieces, n)
+      return pieces, n, *codec.render_batch(pieces, n)
 
     pieces, n, tokens, count = map(np.asarray, render(codec, states))
     for i in range(64):
-      want = envs.to_text(env.spec, pieces[i], n[i])
-      assert tok.decode(tokens[i, : count[i]]) == want
+      text = envs.to_text(env.spec, pieces[i], n[i])
+      by_piece = [
+        t for p in pieces[i, : n[i]] for t in tok.encode(env.spec.pieces[p])
+      ]
+      whole = mode == "text" and tok.merges
+      got = tokens[i, : count[i]].tolist()
+      assert got == (tok.encode(text) if whole else by_piece), (name, text)
+      assert tok.decode(got) == text
+      differ += by_piece != tok.encode(text)
+  # A pretrained BPE merges across pieces ("######" is "####" + "##"),
+  # which is what "text" is for.
+  assert differ > 0 or tok_name == "compact"
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from flax import struct
 
 from envs import EnvSpec
 from envs import tools as tools_lib
+from envs.host import host_call
 from starpo_jax.agent.parse import ANSWER_CLOSE, Parsed, parse_bytes
 from starpo_jax.agent.ragged import Segment, fixed, pack
 from starpo_jax.models.tokenizer import TAGS, Tokenizer
@@ -59,6 +60,9 @@ REWARD_TOKENS = 1 + REWARD_DIGITS + 1 + 2
 
 
 PROMPT_STYLES = ("ragen", "compact")
+
+
+OBSERVATION_TOKENS = ("text", "pieces")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,11 +93,23 @@ class PromptSettings:
   # on a well-formed answer by chance.
   answer_vocab: bool = False
   style: str = "ragen"
+  # How a jittable environment's observation becomes tokens. "text": the
+  # whole text through the tokenizer, as a serving engine would (one host
+  # call a turn), where the tokenizer merges bytes: a pretrained BPE joins
+  # "######" into "####" + "##". "pieces": each piece's tokens, joined in
+  # the graph (no host call; the same text, other token ids). The compact
+  # tokenizer is made of the pieces: its observations are always pieces.
+  observation_tokens: str = "text"
 
   def __post_init__(self) -> None:
     if self.style not in PROMPT_STYLES:
       raise ValueError(
         f"prompt: style={self.style!r}; expected one of {PROMPT_STYLES}"
+      )
+    if self.observation_tokens not in OBSERVATION_TOKENS:
+      raise ValueError(
+        f"prompt: observation_tokens={self.observation_tokens!r}; expected "
+        f"one of {OBSERVATION_TOKENS}"
       )
 
   @property
@@ -217,6 +233,35 @@ class Fragments:
   dot: int
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class TextObservations:
+  """The host side of ``observation_tokens="text"``: each row's piece ids
+  -> its text -> the tokenizer's ids, as the tokenizer alone would give
+  them. ``width`` is the piece-by-piece bound; a text whose own tokens
+  exceed it keeps its pieces' tokens (the same text)."""
+
+  pieces: tuple[str, ...]
+  tokenizer: Tokenizer
+  piece_tokens: tuple[tuple[int, ...], ...]
+  width: int
+  batch_axes: tuple[str, ...]
+
+  def __call__(
+    self, offset: int, pieces: np.ndarray, n: np.ndarray
+  ) -> tuple[np.ndarray, np.ndarray]:
+    del offset  # rows are independent
+    rows = [pieces[i, : n[i]].tolist() for i in range(len(n))]
+    texts = ["".join(self.pieces[p] for p in row) for row in rows]
+    out = np.zeros((len(rows), self.width), np.int32)
+    lengths = np.zeros((len(rows),), np.int32)
+    for i, ids in enumerate(self.tokenizer.encode_batch(texts)):
+      if len(ids) > self.width:
+        ids = [t for p in rows[i] for t in self.piece_tokens[p]]
+      out[i, : len(ids)] = ids
+      lengths[i] = len(ids)
+    return out, lengths
+
+
 @struct.dataclass
 class Codec:
   """Lookup tables between a tokenizer and one environment's pieces."""
@@ -243,6 +288,9 @@ class Codec:
   tools: tools_lib.ToolBox | None = struct.field(
     pytree_node=False, default=None
   )
+  text_observations: TextObservations | None = struct.field(
+    pytree_node=False, default=None
+  )
 
   @classmethod
   def build(
@@ -251,12 +299,15 @@ class Codec:
     spec: EnvSpec,
     settings: PromptSettings,
     vocab_size: int | None = None,
+    batch_axes: tuple[str, ...] = (),
   ) -> Codec:
     """Host-side construction; checks the tokenizer covers what it needs.
 
     Args:
       vocab_size: the model's vocabulary, when larger than the tokenizer's
         (Qwen2.5 pads its embedding): extra ids stand for no bytes.
+      batch_axes: the mesh axes the episode batch is sharded over: with
+        ``observation_tokens="text"``, each process tokenizes its shards.
     """
     vocab = max(tokenizer.vocab_size, vocab_size or 0)
     if spec.token_observations:
@@ -292,6 +343,15 @@ class Codec:
     allowed = None
     if settings.answer_vocab:
       allowed = jnp.asarray(_answer_tokens(tokenizer, spec, settings, vocab))
+    text, width = None, spec.max_obs_pieces
+    if not spec.token_observations:
+      width = _max_tokens(
+        [len(e) for e in encoded], spec.max_obs_pieces, spec.piece_limits
+      )
+      if settings.observation_tokens == "text" and tokenizer.merges:
+        text = TextObservations(
+          spec.pieces, tokenizer, tuple(map(tuple, encoded)), width, batch_axes
+        )
     return cls(
       piece_tokens=jnp.asarray(piece_tokens),
       piece_lengths=jnp.asarray([len(e) for e in encoded], jnp.int32),
@@ -309,26 +369,37 @@ class Codec:
       stop_ids=tokenizer.stop_ids,
       chat_stop=tokenizer.token_to_id(chat.stop),
       max_obs_pieces=spec.max_obs_pieces,
-      max_obs_tokens=(
-        spec.max_obs_pieces
-        if spec.token_observations
-        else _max_tokens(
-          [len(e) for e in encoded], spec.max_obs_pieces, spec.piece_limits
-        )
-      ),
+      max_obs_tokens=width,
       settings=settings,
       text_answers=spec.text_answers,
       tools=tools,
+      text_observations=text,
     )
 
   # --------------------------------------------------------------------------
   # rendering
 
+  def render_batch(
+    self, pieces: jax.Array, n: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
+    """A batch's observations, pieces ``[B, max_obs_pieces]`` -> tokens
+    ``[B, max_obs_tokens]`` and how many each uses: through the tokenizer
+    on the host (``TextObservations``) or piece by piece in the graph."""
+    if self.text_observations is None:
+      return jax.vmap(self.render)(pieces, n)
+    b = pieces.shape[0]
+    outs = (
+      jax.ShapeDtypeStruct((b, self.max_obs_tokens), jnp.int32),
+      jax.ShapeDtypeStruct((b,), jnp.int32),
+    )
+    text = self.text_observations
+    return host_call(text, outs, (0, 0), text.batch_axes, pieces, n)
+
   def render(
     self, pieces: jax.Array, n: jax.Array
   ) -> tuple[jax.Array, jax.Array]:
     """Observation pieces ``[max_obs_pieces]`` -> tokens ``[max_obs_tokens]``
-    and how many are used."""
+    piece by piece, and how many are used."""
     width = self.piece_tokens.shape[1]
     ids = self.piece_tokens[pieces]  # [P, width]
     keep = (jnp.arange(width) < self.piece_lengths[pieces][:, None]) & (

@@ -59,6 +59,7 @@ class RolloutConfig:
   enable_think: bool = True
   answer_vocab: bool = False
   prompt: Literal["ragen", "compact"] = "ragen"  # codec.PromptSettings
+  observation_tokens: Literal["text", "pieces"] = "text"  # PromptSettings
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
@@ -112,6 +113,7 @@ class RolloutConfig:
       response_hint=self.max_new_tokens,
       answer_vocab=self.answer_vocab,
       style=self.prompt,
+      observation_tokens=self.observation_tokens,
     )
 
 
@@ -367,7 +369,7 @@ def _prompt(
   """Renders each live episode's turn prompt, writes it after the context
   and prefills it; the next token's logits start the decode."""
   b, length = cfg.batch, cfg.max_context
-  obs = jax.vmap(codec.render)(*jax.vmap(env.render)(c.states))
+  obs = codec.render_batch(*jax.vmap(env.render)(c.states))
   if codec.tools is not None:
     # The last turn's tool result, then the (unchanged) observation.
     obs = jax.vmap(

@@ -108,6 +108,8 @@ class Tokenizer:
       (kept for export; prompts are built from ``chat``).
     eos_id: the end-of-text token.
     stop_ids: tokens that end a generated turn (end of message, eos).
+    merges: whether its BPE merges bytes (a pretrained tokenizer); the
+      compact one has none, so a text's tokens are its words' tokens.
   """
 
   def __init__(
@@ -143,6 +145,8 @@ class Tokenizer:
     self._added = {
       i: t.content for i, t in tok.get_added_tokens_decoder().items()
     }
+    model = json.loads(tok.to_str()).get("model") or {}
+    self.merges = bool(model.get("merges"))
 
   @classmethod
   def load(cls, path: str) -> Tokenizer:
@@ -187,6 +191,11 @@ class Tokenizer:
 
   def encode(self, text: str) -> list[int]:
     return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [
+      e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)
+    ]
 
   def decode(self, ids: Iterable[int]) -> str:
     return self._tok.decode(list(ids), skip_special_tokens=False)

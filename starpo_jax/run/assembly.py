@@ -171,11 +171,10 @@ def build(
   env, eval_envs = bind(env), {n: bind(e) for n, e in eval_envs.items()}
   model_cfg = _model_config(typed["model"], ckpt, tok)
   _check_lora(model_cfg, sft_cfg)
-  codec = codec_lib.Codec.build(tok, env.spec, prompt, model_cfg.vocab_size)
-  eval_codecs = {
-    name: codec_lib.Codec.build(tok, e.spec, prompt, model_cfg.vocab_size)
-    for name, e in eval_envs.items()
-  }
+  build = lambda e: codec_lib.Codec.build(
+    tok, e.spec, prompt, model_cfg.vocab_size, sharding.BATCH
+  )
+  codec, eval_codecs = build(env), {n: build(e) for n, e in eval_envs.items()}
   try:
     mesh = sharding.make_mesh(config.mesh.shape, devices)
   except ValueError as e:

@@ -1,4 +1,5 @@
-"""gym_sokoban's rollout on one device and on a 2 x 2 x 2 mesh of 8
+"""gym_sokoban's rollout, and the jittable Sokoban's with observations
+tokenized as text on the host, on one device and on a 2 x 2 x 2 mesh of 8
 simulated CPU devices (tests/test_sharding): prints, as JSON, the host
 calls each made (slot offset, rows) and whether the trajectories are
 equal.
@@ -39,7 +40,7 @@ def main() -> None:
     for _ in range(cfg.batch)
   ]
   policy = ScriptedPolicy(script_from(replies, tok), tok.vocab_size)
-  out, calls = {}, {}
+  out, calls, text, text_calls = {}, {}, {}, {}
   for shape in ((1, 1, 1), (2, 2, 2)):
     env = envs.make("gym_sokoban", levels="sokoban").with_tokenizer(
       tok.encode, sharding.BATCH
@@ -54,6 +55,9 @@ def main() -> None:
     env.slots.act = recording
     codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
     mesh = sharding.make_mesh(shape, jax.devices()[: int(np.prod(shape))])
+    text[shape] = _text_observations(
+      tok, cfg, policy, mesh, text_calls.setdefault(str(shape), [])
+    )
     play = sharding.traced_for(
       mesh,
       lambda p, c, k, env=env, mesh=mesh: rollout.rollout(
@@ -68,7 +72,49 @@ def main() -> None:
     for f in ("tokens", "turn_rewards", "success", "num_actions")
   )
   print(
-    json.dumps({"calls": calls, "equal": equal, "solved": int(a.success.sum())})
+    json.dumps(
+      {
+        "calls": calls,
+        "equal": equal,
+        "solved": int(a.success.sum()),
+        "text_calls": text_calls,
+        "text_equal": all(
+          np.array_equal(t.tokens, a.tokens) for t in text.values()
+        ),
+      }
+    )
+  )
+
+
+class _Recorded:
+  """``TextObservations`` that notes each call's slot offset and rows."""
+
+  def __init__(self, inner, seen: list):
+    self.inner, self.seen, self.batch_axes = inner, seen, inner.batch_axes
+
+  def __call__(self, offset, pieces, n):
+    self.seen.append([int(offset), len(n)])
+    return self.inner(offset, pieces, n)
+
+
+def _text_observations(tok, cfg, policy, mesh, seen: list):
+  """The jittable Sokoban's rollout, its observations tokenized as text by
+  one host call per batch shard."""
+  env = envs.make("sokoban")
+  codec = codec_lib.Codec.build(
+    tok, env.spec, cfg.prompt_settings(), batch_axes=sharding.BATCH
+  )
+  codec = codec.replace(
+    text_observations=_Recorded(codec.text_observations, seen)
+  )
+  play = sharding.traced_for(
+    mesh,
+    lambda p, c, k: rollout.rollout(
+      p, c, env, cfg, k, sharding.batch_constraint(mesh, cfg.batch)
+    ),
+  )
+  return jax.tree.map(
+    np.asarray, jax.jit(play)(policy, codec, jax.random.key(3))
   )
 
 
