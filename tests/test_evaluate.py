@@ -162,7 +162,7 @@ def test_bad_requests_are_named(tmp_path, run_dir):
     )
 
 
-def test_a_config_alone_evaluates_its_initial_policy(tmp_path):
+def test_a_config_alone_evaluates_its_initial_policy(tmp_path, capsys):
   # A pretrained model zero-shot; here the tiny model's initial weights.
   summary = evaluate_cli.main(
     [
@@ -175,6 +175,9 @@ def test_a_config_alone_evaluates_its_initial_policy(tmp_path):
   )
   assert summary["step"] == 0
   assert summary["source"] == "the initial policy (tiny)"
+  # It says what it does before the minutes it takes.
+  first = capsys.readouterr().out.splitlines()[0]
+  assert first.startswith("evaluating the initial policy (tiny), step 0: 8")
   for name, entry in summary["envs"].items():
     assert set(entry) == {"random_valid", "t1"}
     assert 0 <= entry["t1"]["format_rate"] <= 1

@@ -343,15 +343,7 @@ class Codec:
     allowed = None
     if settings.answer_vocab:
       allowed = jnp.asarray(_answer_tokens(tokenizer, spec, settings, vocab))
-    text, width = None, spec.max_obs_pieces
-    if not spec.token_observations:
-      width = _max_tokens(
-        [len(e) for e in encoded], spec.max_obs_pieces, spec.piece_limits
-      )
-      if settings.observation_tokens == "text" and tokenizer.merges:
-        text = TextObservations(
-          spec.pieces, tokenizer, tuple(map(tuple, encoded)), width, batch_axes
-        )
+    text, width = _observations(tokenizer, spec, settings, encoded, batch_axes)
     return cls(
       piece_tokens=jnp.asarray(piece_tokens),
       piece_lengths=jnp.asarray([len(e) for e in encoded], jnp.int32),
@@ -599,6 +591,28 @@ class Codec:
     starts = len(self.reply_prefix) + jnp.cumsum(sizes) - sizes
     before = (starts < parsed.think_end) & (jnp.arange(tokens.shape[0]) < n)
     return parsed.replace(think_tokens=jnp.sum(before, dtype=jnp.int32))
+
+
+def _observations(
+  tokenizer: Tokenizer,
+  spec: EnvSpec,
+  settings: PromptSettings,
+  encoded: list[list[int]],
+  batch_axes: tuple[str, ...],
+) -> tuple[TextObservations | None, int]:
+  """How observations become tokens (on the host as text, or ``None``:
+  piece by piece in the graph) and the most tokens one takes."""
+  if spec.token_observations:
+    return None, spec.max_obs_pieces
+  width = _max_tokens(
+    [len(e) for e in encoded], spec.max_obs_pieces, spec.piece_limits
+  )
+  if settings.observation_tokens != "text" or not tokenizer.merges:
+    return None, width
+  pieces = tuple(map(tuple, encoded))
+  return TextObservations(
+    spec.pieces, tokenizer, pieces, width, batch_axes
+  ), width
 
 
 def _token_bytes(tokenizer: Tokenizer, vocab: int):

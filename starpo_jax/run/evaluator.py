@@ -307,6 +307,24 @@ def _policy(
   )
 
 
+def _counts(
+  config: Any,
+  episodes: int | None,
+  samples: int,
+  temperatures: tuple[float, ...] | None,
+) -> tuple[int, tuple[float, ...]]:
+  """Levels and temperatures to evaluate: as asked, else the config's."""
+  if samples < 1:
+    raise assembly.ConfigError(f"samples must be >= 1, got {samples}")
+  t = config.train
+  episodes = t.eval_episodes if episodes is None else episodes
+  if episodes < 1:
+    raise assembly.ConfigError(f"episodes must be >= 1, got {episodes}")
+  return episodes, tuple(
+    t.eval_temperatures if temperatures is None else temperatures
+  )
+
+
 def evaluate_checkpoint(
   config: Any,
   source: str | None,
@@ -331,15 +349,7 @@ def evaluate_checkpoint(
       fit the config's model.
   """
 
-  if samples < 1:
-    raise assembly.ConfigError(f"samples must be >= 1, got {samples}")
-  t = config.train
-  episodes = t.eval_episodes if episodes is None else episodes
-  if episodes < 1:
-    raise assembly.ConfigError(f"episodes must be >= 1, got {episodes}")
-  temperatures = tuple(
-    t.eval_temperatures if temperatures is None else temperatures
-  )
+  episodes, temperatures = _counts(config, episodes, samples, temperatures)
   setup = assembly.build(config)
   learner = assembly.make_learner(setup)
   step, params, default_out, where = _policy(setup, source, step)
@@ -353,6 +363,12 @@ def evaluate_checkpoint(
   )
   out = out or default_out
   os.makedirs(out, exist_ok=True)
+  print(
+    f"evaluating {where}, step {step}: {episodes} held-out levels x "
+    f"{samples} at {', '.join(map(_label, temperatures))}, into {out} "
+    "(compiling, then playing: minutes for a pretrained model on a CPU)",
+    flush=True,
+  )
   summary: dict[str, Any] = {
     "source": where,
     "step": step,
