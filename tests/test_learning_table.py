@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks import learning_table, plot_curves
+from benchmarks import learning_table, plot_curves, zero_shot_table
 
 
 def _eval(step, success, elapsed):
@@ -100,3 +100,44 @@ def test_the_json_names_the_machine_and_commit(resumed_run, tmp_path):
   assert payload["machine"]["cores"] >= 1
   assert len(payload["commit"].split("+")[0]) == 40
   assert payload["runs"][0]["rl_steps"] == 3
+
+
+def _summary(success, fmt, valid, think, rand):
+  band = lambda x: {"success": x, "success_lo": x / 2, "success_hi": x * 2}
+  played = band(success) | {
+    "format_rate": fmt,
+    "valid_action_rate": valid,
+    "think_tokens": think,
+  }
+  return {"envs": {"eval": {"random_valid": band(rand), "t0.5": played}}}
+
+
+def test_zero_shot_table_reads_each_evaluations_summary(tmp_path, capsys):
+  for name, s in (
+    ("bandit", _summary(0.1, 0.5, 0.25, 9.0, 0.4)),
+    ("sokoban", _summary(0.02, 0.2, 0.0, 7.25, 0.2)),
+  ):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "summary.json").write_text(json.dumps(s))
+  out = tmp_path / "zero.json"
+  zero_shot_table.main(
+    [str(tmp_path / "bandit"), str(tmp_path / "sokoban"), f"--json={out}"]
+  )
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == "|  | bandit | sokoban |"
+  assert lines[2] == (
+    "| success | 10.0% [5.0, 20.0] (t0.5) | 2.0% [1.0, 4.0] (t0.5) |"
+  )
+  assert lines[3] == (
+    "| in the format / valid actions / reasoning tokens "
+    "| 50.0% / 25.0% / 9.0 | 20.0% / 0.0% / 7.2 |"
+  )
+  assert lines[4] == (
+    "| random valid player, same levels "
+    "| 40.0% [20.0, 80.0] | 20.0% [10.0, 40.0] |"
+  )
+  written = json.loads(out.read_text())
+  assert written["sokoban"]["envs"]["eval"]["t0.5"]["think_tokens"] == 7.25
+  assert {"machine", "commit"} <= set(written)
+  with pytest.raises(SystemExit, match=r"nowhere/summary\.json is missing"):
+    zero_shot_table.main([str(tmp_path / "nowhere")])
