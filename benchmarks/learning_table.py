@@ -40,48 +40,44 @@ def _eval(record: dict[str, Any], at: str = "") -> str:
 
 
 def summarize(workdir: str) -> dict[str, Any]:
-  """The numbers of one run."""
+  """The numbers of one run (evaluation rows empty where it ran none)."""
   records = metrics_lib.read_metrics(workdir)
   evals = [r for r in records if "eval/success" in r]
-  if not evals:
-    raise ValueError(f"{workdir}: no evaluation in metrics.jsonl")
   warm = [r["step"] for r in records if "sft/loss" in r]
   boundary = max(warm, default=0)
-  start = next(r for r in evals if r["step"] == boundary)
-  final = evals[-1]
+  start = next((r for r in evals if r["step"] == boundary), {})
+  final = evals[-1] if evals else {}
   rl = [r for r in records if "rollout/success" in r]
+  diagnosed = [r for r in records if "collapse/mi" in r]
   # A resumed run restarts the clock: add up each process's wall time.
   clock = [r["time/elapsed_s"] for r in records if "time/elapsed_s" in r]
   ends = [a for a, b in itertools.pairwise(clock) if b < a]
+  logged = lambda k: [r for r in rl if k in r]
   mean = lambda rs, k: float(np.mean([r[k] for r in rs])) if rs else np.nan
+  early_late = lambda k: (mean(logged(k)[:10], k), mean(logged(k)[-10:], k))
+  gain = lambda at: (
+    final[f"eval/success{at}"] - start[f"eval/success{at}"]
+    if f"eval/success{at}" in final and f"eval/success{at}" in start
+    else np.nan
+  )
   return {
     "workdir": workdir,
     "warm_start_steps": boundary,
-    "rl_steps": final["step"] - boundary,
+    "rl_steps": max((r["step"] for r in records), default=0) - boundary,
     "minutes": (sum(ends) + clock[-1]) / 60 if clock else np.nan,
     "processes": len(ends) + 1,
-    "untrained": evals[0],
+    "untrained": evals[0] if evals else {},
     "start": start,
     "final": final,
-    "best": max(evals, key=lambda r: r["eval/success"]),
-    "gain": final["eval/success"] - start["eval/success"],
-    "gain_greedy": (
-      final["eval/success@t0"] - start["eval/success@t0"]
-      if "eval/success@t0" in final and "eval/success@t0" in start
-      else np.nan
-    ),
-    "train_success": (
-      mean(rl[:10], "rollout/success"),
-      mean(rl[-10:], "rollout/success"),
-    ),
-    "valid": (
-      mean(rl[:10], "rollout/valid_action_rate"),
-      mean(rl[-10:], "rollout/valid_action_rate"),
-    ),
-    "entropy": (
-      mean(rl[:10], "rollout/entropy"),
-      mean(rl[-10:], "rollout/entropy"),
-    ),
+    "best": max(evals, key=lambda r: r["eval/success"]) if evals else {},
+    "gain": gain(""),
+    "gain_greedy": gain("@t0"),
+    "train_success": early_late("rollout/success"),
+    "valid": early_late("rollout/valid_action_rate"),
+    "entropy": early_late("rollout/entropy"),
+    "train_format": early_late("rollout/format_rate"),
+    "train_think": early_late("rollout/think_tokens"),
+    "mi": [(r["step"], r["collapse/mi"]) for r in diagnosed],
   }
 
 
@@ -105,19 +101,15 @@ def table(runs: list[dict[str, Any]]) -> str:
     ("final, greedy", lambda s: _eval(s["final"], "@t0")),
     (
       "best of the evaluations (t=0.5)",
-      lambda s: f"{_pct(s['best']['eval/success'])} (step {s['best']['step']})",
+      lambda s: (
+        f"{_pct(s['best']['eval/success'])} (step {s['best']['step']})"
+        if s["best"]
+        else "-"
+      ),
     ),
     (
       "RL's gain over its start, t=0.5 / greedy",
-      lambda s: (
-        f"{100 * s['gain']:+.1f} / "
-        + (
-          "-"
-          if np.isnan(s["gain_greedy"])
-          else f"{100 * s['gain_greedy']:+.1f}"
-        )
-        + " points"
-      ),
+      lambda s: f"{_points(s['gain'])} / {_points(s['gain_greedy'])} points",
     ),
     (
       "held-out answers in the format, untrained / warm start / final",
@@ -140,6 +132,20 @@ def table(runs: list[dict[str, Any]]) -> str:
       "policy entropy, first / last 10 RL steps",
       lambda s: "{:.2f} / {:.2f}".format(*s["entropy"]),
     ),
+    (
+      "answers in the format, first / last 10 RL steps",
+      lambda s: _pair(s["train_format"]),
+    ),
+    (
+      "reasoning tokens a well-formed turn, first / last 10 RL steps",
+      lambda s: " / ".join(
+        "-" if np.isnan(x) else f"{x:.1f}" for x in s["train_think"]
+      ),
+    ),
+    (
+      "collapse MI, nats (step)",
+      lambda s: ", ".join(f"{m:.2f} ({k})" for k, m in s["mi"]) or "-",
+    ),
   ]
   names = [os.path.basename(os.path.normpath(s["workdir"])) for s in runs]
   out = ["| | " + " | ".join(names) + " |", "|---" * (len(runs) + 1) + "|"]
@@ -148,7 +154,13 @@ def table(runs: list[dict[str, Any]]) -> str:
   return "\n".join(out)
 
 
+def _points(gain: float) -> str:
+  return "-" if np.isnan(gain) else f"{100 * gain:+.1f}"
+
+
 def _random(record: dict[str, Any]) -> str:
+  if "eval/random_success" not in record:
+    return "-"
   return (
     f"{_pct(record['eval/random_success'])} "
     f"[{100 * record['eval/random_success_lo']:.1f}, "
@@ -166,7 +178,7 @@ def _three(s: dict[str, Any], key: str, fmt: Any) -> str:
 
 
 def _pair(pair: tuple[float, float]) -> str:
-  return f"{_pct(pair[0])} / {_pct(pair[1])}"
+  return " / ".join("-" if np.isnan(x) else _pct(x) for x in pair)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -93,6 +93,31 @@ def test_a_thinking_run_without_greedy_evaluations(tmp_path):
   assert "| 9.0 / 12.4 / 8.2 |" in text
 
 
+def test_a_run_without_evaluations_reports_its_training_rollouts(tmp_path):
+  # The StarPO comparison run: no held-out evaluation, its reasoning read
+  # from the training rollouts (first and last ten RL steps) and the
+  # collapse diagnostics where they ran.
+  rl = lambda step, fmt, think: _rl(step, 0.5, float(step)) | {
+    "rollout/format_rate": fmt,
+    "rollout/think_tokens": think,
+  }
+  records = [{"step": 1, "sft/loss": 1.0, "time/elapsed_s": 1.0}]
+  records += [rl(k, 0.5 if k < 12 else 1.0, 20.0 - k) for k in range(2, 24)]
+  records[10] |= {"collapse/mi": 0.5}
+  records[20] |= {"collapse/mi": 0.85}
+  (tmp_path / "metrics.jsonl").write_text(
+    "".join(json.dumps(r) + "\n" for r in records)
+  )
+  s = learning_table.summarize(str(tmp_path))
+  assert (s["warm_start_steps"], s["rl_steps"]) == (1, 22)
+  text = learning_table.table([s])
+  assert "| final (t=0.5) | - |" in text
+  assert "| - / - points |" in text
+  assert "| 50.0% / 100.0% |" in text  # steps 2-11, then 14-23
+  assert "| 13.5 / 1.5 |" in text
+  assert "| 0.50 (11), 0.85 (21) |" in text
+
+
 def test_the_json_names_the_machine_and_commit(resumed_run, tmp_path):
   out = tmp_path / "learn.json"
   learning_table.main([str(resumed_run), "--json", str(out)])
