@@ -97,10 +97,13 @@ def test_a_run_without_evaluations_reports_its_training_rollouts(tmp_path):
   # The StarPO comparison run: no held-out evaluation, its reasoning read
   # from the training rollouts (first and last ten RL steps) and the
   # collapse diagnostics where they ran.
-  rl = lambda step, fmt, think: _rl(step, 0.5, float(step)) | {
-    "rollout/format_rate": fmt,
-    "rollout/think_tokens": think,
-  }
+  rl = lambda step, fmt, think: (
+    _rl(step, 0.5, float(step))
+    | {
+      "rollout/format_rate": fmt,
+      "rollout/think_tokens": think,
+    }
+  )
   records = [{"step": 1, "sft/loss": 1.0, "time/elapsed_s": 1.0}]
   records += [rl(k, 0.5 if k < 12 else 1.0, 20.0 - k) for k in range(2, 24)]
   records[10] |= {"collapse/mi": 0.5}
