@@ -162,6 +162,21 @@ def test_bad_requests_are_named(tmp_path, run_dir):
     )
 
 
+def test_a_relative_workdir_is_read(run_dir, tmp_path, monkeypatch):
+  # As a user types it: --workdir=runs/NAME from where the run was made.
+  monkeypatch.chdir(os.path.dirname(run_dir))
+  summary = evaluate_cli.main(
+    [
+      "evaluate",
+      f"--workdir={os.path.basename(run_dir)}",
+      "--episodes=4",
+      "--temperatures=0",
+      f"--out={tmp_path}",
+    ]
+  )
+  assert summary["step"] > 0
+
+
 def test_a_config_alone_evaluates_its_initial_policy(tmp_path, capsys):
   # A pretrained model zero-shot; here the tiny model's initial weights.
   summary = evaluate_cli.main(

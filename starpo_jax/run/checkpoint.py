@@ -120,7 +120,7 @@ def _from_saveable(saved: dict[str, Any], like: TrainState) -> TrainState:
 class Checkpointer:
   def __init__(self, directory: str, keep: int) -> None:
     self.manager = ocp.CheckpointManager(
-      directory,
+      os.path.abspath(directory),
       options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
     )
 
@@ -220,8 +220,9 @@ def load_policy(
   for where in (os.path.join(directory, "checkpoints"), directory):
     if not os.path.isdir(where):
       continue
+    # Orbax reads only absolute paths; users give relative ones.
     manager = ocp.CheckpointManager(
-      where, options=ocp.CheckpointManagerOptions(create=False)
+      os.path.abspath(where), options=ocp.CheckpointManagerOptions(create=False)
     )
     steps = sorted(manager.all_steps())
     if not steps:
