@@ -26,7 +26,8 @@ from starpo_jax.models import tokenizer as tokenizer_lib
 # layers (logits up to 35) ours and transformers' differ by 1.7e-4 to
 # 6e-4 as XLA fuses and tiles differently, and transformers' own float32
 # logits are 2.9e-4 from its float64 ones. A misread tensor or head order
-# moves them by more than 0.1.
+# moves them by more than 0.1. The report gives both float32 readings
+# distance from transformers' float64 logits.
 LOGIT_TOLERANCE = 1e-3
 
 # llama.cpp's pre-tokenizer rules (``tokenizer.ggml.pre``) as regular
@@ -308,4 +309,20 @@ def verify(
     report.update(_compare_tokens(ours_tok, ref_tok, path))
     report.update(_compare_greedy(forward, ref_model, ours_tok, greedy))
     ok = ok and not report["token_id_mismatches"] and report["greedy_identical"]
+  report.update(_against_float64(ref_model, tokens, ours, theirs))
   return {**report, "ok": ok}
+
+
+def _against_float64(ref_model, tokens, ours, theirs) -> dict[str, float]:
+  """How far ours and transformers' float32 logits each are from
+  transformers' float64 ones: float32's own rounding, the floor under
+  any float32 comparison (the reference model is converted in place)."""
+  import torch
+
+  with torch.no_grad():
+    exact = ref_model.double()(torch.tensor(tokens, dtype=torch.long))
+  exact = exact.logits.numpy()
+  return {
+    "max_abs_logit_diff_to_float64": float(np.max(np.abs(ours - exact))),
+    "reference_float32_to_float64": float(np.max(np.abs(theirs - exact))),
+  }

@@ -82,6 +82,8 @@ def test_the_verify_command_passes_on_a_good_gguf(gguf_file):
   assert out.returncode == 0, out.stderr[-3000:]
   assert "token_id_mismatches: 0\n" in out.stdout
   assert "greedy_identical: True" in out.stdout
+  to_float64 = out.stdout.split("max_abs_logit_diff_to_float64: ")[1]
+  assert float(to_float64.split()[0]) < 1e-4
 
 
 def test_a_gguf_exports_as_a_hugging_face_directory(gguf_file, tmp_path):
@@ -234,6 +236,10 @@ def test_smollm2_reads_as_transformers_reads_it():
   )
   assert int(report["tokens"]) == 512
   assert float(report["max_abs_logit_diff"]) <= verify.LOGIT_TOLERANCE
+  # Float32's rounding, ours and transformers', against float64.
+  tolerance = verify.LOGIT_TOLERANCE
+  assert float(report["max_abs_logit_diff_to_float64"]) <= tolerance
+  assert 0 < float(report["reference_float32_to_float64"]) <= tolerance
   assert float(report["top1_agreement"]) == 1.0
   assert report["strings_tokenized"] == "1000"
   assert report["token_id_mismatches"] == "0"
