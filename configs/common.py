@@ -151,6 +151,8 @@ def smollm2_on_cpu(
   context: int,
   expert: str,
   rl_steps: int,
+  warm_steps: int = 12,
+  reasoning_tokens: int = 32,
 ) -> None:
   """SmolLM2-135M-Instruct sized so that one run (warm start, RL and three
   held-out evaluations) takes at most 90 minutes on a 2-core CPU, in
@@ -159,21 +161,21 @@ def smollm2_on_cpu(
 
   Zero-shot the model answers RAGEN's prompt in the format in 3 to 22% of
   turns and solves 0 to 2.3% of held-out levels, so RL alone sees almost
-  no reward spread; a think-mode warm start (12 steps of 16 first turns:
-  its own reasoning, then ``expert``'s answer) teaches it to close its
-  reasoning and answer (docs/results.md, "A pretrained model that
-  reasons").
+  no reward spread; a think-mode warm start (``warm_steps`` steps of 16
+  first turns: its own reasoning, cut at ``reasoning_tokens``, then
+  ``expert``'s answer) teaches it to close its reasoning and answer
+  (docs/results.md, "A pretrained model that reasons").
   """
   r = c.rollout
   r.env_groups, r.group_size = 8, 4
   r.max_turns = turns
   r.max_new_tokens = 64
   r.max_context = context
-  c.sft.steps = 12
+  c.sft.steps = warm_steps
   c.sft.episodes = 16
   c.sft.lr = 5e-5
   c.sft.expert = expert
-  c.sft.reasoning_tokens = 32
+  c.sft.reasoning_tokens = reasoning_tokens
   c.train.steps = rl_steps
   c.optim.lr = 1e-5
   # Zero-shot, after the warm start, at the end: 128 levels at RAGEN's

@@ -32,7 +32,16 @@ def get_config(arg=None):
     c.rollout.env_groups = 16
     c.rollout.group_size = 8
   elif args["model"] == "smollm2-135m":
+    # Twice the warm start, half the copied reasoning of Bandit's: after
+    # 12 steps of 32 tokens the model copied the board past its budget at
+    # t=0.5 (docs/results.md, "A pretrained model that reasons").
     common.smollm2_on_cpu(
-      c, turns=3, context=1024, expert="planner", rl_steps=12
+      c,
+      turns=3,
+      context=1024,
+      expert="planner",
+      rl_steps=24,
+      warm_steps=24,
+      reasoning_tokens=16,
     )
   return c

@@ -281,6 +281,6 @@ def test_smollm2_configs_build_in_think_mode(name):
   assert setup.ckpt == checkpoints.resolve("smollm2-135m")
   assert setup.rollout_cfg.enable_think and setup.rollout_cfg.prompt == "ragen"
   assert setup.tokenizer.vocab_size == 49_152
-  # The warm start's replies (32 tokens of reasoning, then the answer) fit
-  # a turn's budget: build checked it.
-  assert setup.sft_cfg.steps > 0 and setup.sft_cfg.reasoning_tokens == 32
+  # The warm start's replies (its own reasoning, then the answer) fit a
+  # turn's budget: build checked it.
+  assert setup.sft_cfg.steps > 0 and setup.sft_cfg.reasoning_tokens >= 16
