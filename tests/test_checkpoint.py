@@ -1,12 +1,15 @@
 """The digest a LoRA checkpoint keeps of its base: equal for equal weights,
-different when any value, position, dtype or name differs."""
+different when any value, position, dtype or name differs; which steps a
+run keeps."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from starpo_jax.algo.state import TrainState
 from starpo_jax.run import checkpoint
 
 
@@ -35,3 +38,21 @@ def test_the_digest_sees_every_value_its_place_its_dtype_and_its_name():
   ]
   digests = [checkpoint.digest(s) for s in changes]
   assert first not in digests and len(set(digests)) == len(digests)
+
+
+def test_the_latest_and_the_warm_starts_last_step_are_kept(tmp_path):
+  state = TrainState(
+    step=jnp.zeros((), jnp.int32),
+    policy=nnx.State({"w": nnx.Param(jnp.ones(3))}),
+    policy_opt=None,
+    critic=None,
+    critic_opt=None,
+    reference=None,
+    key=jax.random.key(0),
+    nonfinite=jnp.zeros((), jnp.int32),
+  )
+  ckpt = checkpoint.Checkpointer(str(tmp_path), keep=2, also_keep=(2,))
+  for step in range(1, 7):
+    ckpt.save(step, state)
+  ckpt.close()
+  assert sorted(ckpt.manager.all_steps()) == [2, 5, 6]

@@ -118,10 +118,21 @@ def _from_saveable(saved: dict[str, Any], like: TrainState) -> TrainState:
 
 
 class Checkpointer:
-  def __init__(self, directory: str, keep: int) -> None:
+  """The run's checkpoints: the latest ``keep``, and every step of
+  ``also_keep`` (the warm start's last, so it can be evaluated after RL)."""
+
+  def __init__(
+    self, directory: str, keep: int, also_keep: tuple[int, ...] = ()
+  ) -> None:
+    policies = ocp.checkpoint_managers
+    kept = policies.AnyPreservationPolicy(
+      [policies.LatestN(keep), policies.CustomSteps(list(also_keep))]
+    )
     self.manager = ocp.CheckpointManager(
       os.path.abspath(directory),
-      options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+      options=ocp.CheckpointManagerOptions(
+        preservation_policy=kept, create=True
+      ),
     )
 
   def latest_step(self) -> int | None:

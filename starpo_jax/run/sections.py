@@ -140,7 +140,7 @@ class TrainConfig:
   eval_episodes: int = 512
   eval_temperatures: tuple[float, ...] = (0.5, 0.0)  # RAGEN's, and greedy
   checkpoint_every: int = 20
-  keep_checkpoints: int = 3
+  keep_checkpoints: int = 3  # the latest; the warm start's last is kept too
   # Consecutive steps with a non-finite loss (their updates skipped) that
   # stop the run, keeping the last good checkpoint.
   max_nonfinite_steps: int = 3

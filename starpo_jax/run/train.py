@@ -62,9 +62,11 @@ class _Run:
     self.primary = jax.process_index() == 0
     self.sft_steps = setup.sft_cfg.steps
     self.total = self.sft_steps + c.train.steps
+    warm_start_end = (self.sft_steps,) if self.sft_steps else ()
     self.ckpt = checkpoint.Checkpointer(
       os.path.join(os.path.abspath(workdir), "checkpoints"),
       c.train.keep_checkpoints,
+      also_keep=warm_start_end,
     )
     self.writer = metrics_lib.MetricWriter(workdir, enabled=self.primary)
     self.progress = metrics_lib.Progress(self.total, enabled=self.primary)
