@@ -119,6 +119,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def write_json(path: str | None, payload: dict[str, Any]) -> None:
+  """``payload`` with the commit it was measured at (``commit()``)."""
   if path:
     with open(path, "w") as f:
-      json.dump(payload, f, indent=2, sort_keys=True)
+      json.dump({"commit": commit(), **payload}, f, indent=2, sort_keys=True)

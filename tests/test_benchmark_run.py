@@ -47,7 +47,16 @@ def test_smoke_run_reports_every_suite(tmp_path):
   table = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
   assert len(table) == len(rows) + 1
   assert result["machine"]["cores"] >= 1
+  # The commit it ran at (this checkout's: the suite runs in it).
+  assert result["commit"].split("+")[0] == run_git("rev-parse", "HEAD")
   assert result["peak"]["matmul_flops"] > 0
+
+
+def run_git(*args: str) -> str:
+  where = os.path.dirname(os.path.abspath(__file__))
+  return subprocess.run(
+    ["git", "-C", where, *args], capture_output=True, text=True, check=True
+  ).stdout.strip()
 
 
 def test_unknown_suite_is_named(capsys):
