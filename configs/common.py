@@ -155,7 +155,7 @@ def smollm2_on_cpu(
   reasoning_tokens: int = 32,
 ) -> None:
   """SmolLM2-135M-Instruct sized so that one run (warm start, RL and three
-  held-out evaluations) takes at most 90 minutes on a 2-core CPU, in
+  held-out evaluations) takes about 90 minutes on a 2-core CPU, in
   RAGEN's think format: 32 episodes a step (8 levels x 4) of ``turns``
   turns (RAGEN: 5) of up to 64 new tokens (RAGEN: 100).
 
