@@ -32,8 +32,8 @@ import numpy as np
 
 import envs
 from benchmarks import common
-from envs.bandit import constants as bandit_constants
-from envs.sokoban import solve
+from envs.jax.bandit import constants as bandit_constants
+from envs.jax.sokoban import solve
 from reference import countdown as ref_countdown
 from reference import envs as ref
 from reference import qa as ref_qa
@@ -47,7 +47,7 @@ ENV_NAMES = (
   "bandit",
   "countdown",
   "qa",
-  *envs.jumanji_text.GAMES,
+  *envs.jax.jumanji_text.GAMES,
 )
 QA_DATA = os.path.join(ROOT, "configs", "data", "arithmetic_qa.jsonl")
 # Random play must not end episodes by truncation inside the timed loop.

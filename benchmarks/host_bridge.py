@@ -6,7 +6,7 @@
 1. Iterations: the default Sokoban config's RL step (tiny model, no warm
    start, no evaluation) on the jittable ``sokoban`` and on ``gym_sokoban``
    playing the same levels (the gym-sokoban package through
-   ``envs.host``), from the same parameters: both steps see the same
+   ``envs.batch.host``), from the same parameters: both steps see the same
    tokens, so the workloads are identical (checked: the generated token
    counts are equal). Each is compiled and run once first (compile apart),
    then the two are timed alternately; the host's share is the time spent

@@ -112,7 +112,7 @@ def apply_preset(c: ml_collections.ConfigDict, name: str) -> None:
 def jumanji_puzzle(
   game: str, arg: str | None, max_context: int, turns: int = 5
 ) -> ml_collections.ConfigDict:
-  """A Jumanji puzzle (``envs/jumanji_text.py``) at RAGEN's multi-turn
+  """A Jumanji puzzle (``envs/jax/jumanji_text.py``) at RAGEN's multi-turn
   settings: ``turns`` turns of up to 2 actions, 10 an episode. The tiny
   model learns from scratch (no planner to imitate) with a context of
   ``max_context`` tokens."""

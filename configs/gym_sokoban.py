@@ -1,5 +1,5 @@
 """RAGEN's own Sokoban, the gym-sokoban package, stepped on the host
-(``envs/host.py``): the Sokoban config's rollout, model and RL settings.
+(``envs/batch/host.py``): the Sokoban config's rollout, model and RL settings.
 
   python -m starpo_jax.evaluate --ckpt=runs/sokoban/checkpoints \\
     --config=configs/gym_sokoban.py:levels=sokoban

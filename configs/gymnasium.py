@@ -1,5 +1,5 @@
 """Any gymnasium environment that speaks text, stepped on the host
-(``envs/gymnasium_text.py``); by default gymnasium's own FrozenLake-v1
+(``envs/host/gymnasium_text.py``); by default gymnasium's own FrozenLake-v1
 (4x4, not slippery), as its ANSI text.
 
   python -m starpo_jax.main --config=configs/gymnasium.py

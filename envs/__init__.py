@@ -1,24 +1,35 @@
-"""Pure JAX text environments; nothing here imports ``starpo_jax``.
+"""Text environments for agents; nothing here imports ``starpo_jax``.
 
-``make(name, **kwargs)`` builds one by name; see ``envs.core`` for the
-interface every environment implements.
+Two kinds, one protocol:
+
+* ``envs.jax``: jittable environments, pure functions of one episode's
+  pytree state (``envs.core.Env``), stepped inside the compiled rollout
+  under ``vmap``.
+* ``envs.host``: Python programs, an object per episode
+  (``envs.host.HostSpec``), stepped on the host in one call per turn.
+
+``make(name, **kwargs)`` builds a registered environment of either kind;
+``batched(env)`` adapts it to ``envs.batch.BatchEnv``, the one interface
+the rollout, the warm start and the evaluator use. ``envs.tools`` holds
+the tools an agent may call before it answers.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from envs.bandit import Bandit
+from envs.batch import BatchEnv, Turn, batched
 from envs.core import Answer, Env, EnvSpec, TimeStep, check_kwargs, to_text
-from envs.countdown import Countdown
-from envs.frozen_lake import FrozenLake
-from envs.gym_sokoban import gym_sokoban
-from envs.gymnasium_text import gymnasium_text
-from envs.host import HostEnv, HostEnvironment, HostSpec
-from envs.jumanji_text import GAMES, JumanjiText
-from envs.qa import QA
-from envs.sokoban import Sokoban
-from envs.sudoku import Sudoku4x4
+from envs.host import HostEnv, HostSpec
+from envs.host.gym_sokoban import gym_sokoban
+from envs.host.gymnasium_text import gymnasium_text
+from envs.jax.bandit import Bandit
+from envs.jax.countdown import Countdown
+from envs.jax.frozen_lake import FrozenLake
+from envs.jax.jumanji_text import GAMES, JumanjiText
+from envs.jax.qa import QA
+from envs.jax.sokoban import Sokoban
+from envs.jax.sudoku import Sudoku4x4
 
 # name -> (class, preset keyword arguments). RAGEN's LargerSokoban is an 8x8
 # room with two boxes.
@@ -33,16 +44,16 @@ REGISTRY: dict[str, tuple[Any, dict[str, Any]]] = {
   # Questions from a dataset read through tensorflow-datasets (envs/qa).
   "qa": (QA, {}),
   # RAGEN's Sokoban, the gym-sokoban package, stepped on the host
-  # (envs/host.py).
+  # (envs/host/gym_sokoban.py).
   "gym_sokoban": (gym_sokoban, {}),
-  # Any gymnasium environment that speaks text (envs/gymnasium_text.py).
+  # Any gymnasium environment that speaks text (envs/host/gymnasium_text.py).
   "gymnasium": (gymnasium_text, {}),
-  # Jumanji's puzzles as text environments (envs/jumanji_text.py).
+  # Jumanji's puzzles as text environments (envs/jax/jumanji_text.py).
   **{game: (JumanjiText, {"game": game}) for game in GAMES},
 }
 
 
-def make(name: str, **kwargs: Any) -> Env:
+def make(name: str, **kwargs: Any) -> Env | HostSpec:
   """Builds a registered environment; kwargs override its preset.
 
   Raises:
@@ -60,12 +71,14 @@ def make(name: str, **kwargs: Any) -> Env:
 __all__ = [
   "REGISTRY",
   "Answer",
+  "BatchEnv",
   "Env",
   "EnvSpec",
   "HostEnv",
-  "HostEnvironment",
   "HostSpec",
   "TimeStep",
+  "Turn",
+  "batched",
   "make",
   "to_text",
 ]

@@ -98,7 +98,7 @@ class EnvSpec:
       digit given the cell).
     token_observations: ``render`` returns token ids of the run's
       tokenizer, not ids into ``pieces`` (a Python environment's text,
-      tokenized on the host: ``envs.host``).
+      tokenized on the host: ``envs.batch.host``).
     tools: names of the tools (``envs.tools``) the agent may call before
       it answers.
     tool_tokens: a tool result's budget in tokens; longer ones are cut (and

@@ -1,6 +1,6 @@
 """Countdown's rules in plain Python: expressions read by Python's own
 parser (``ast``), values exact (``fractions``), RAGEN's reward, and a
-brute-force solver. A reference for ``envs.countdown``.
+brute-force solver. A reference for ``envs.jax.countdown``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The QA environment's rules in plain Python (RAGEN's MetaMathQA, with
-trimmed answers compared exactly): a reference for ``envs.qa``."""
+trimmed answers compared exactly): a reference for ``envs.jax.qa``."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def test_the_walkthrough_runs(tmp_path):
   run = tmp_path / "runs" / "corridor"
   assert (run / "checkpoints" / "2").is_dir()
   assert (run / "metrics.jsonl").is_file()
-  # And the plain-Python corridor, stepped through envs.host.
+  # And the plain-Python corridor, stepped through envs.batch.host.
   assert (tmp_path / "runs" / "plain_corridor" / "metrics.jsonl").is_file()
   # And the same with a tool.
   assert (tmp_path / "runs" / "corridor_notes" / "metrics.jsonl").is_file()

@@ -112,7 +112,7 @@ def test_transcripts_replay_in_the_plain_python_rules(run_dir, evaluated):
   records = read_jsonl(os.path.join(evaluated["out"], "eval_t1.jsonl"))
   acted = cut = 0
   for i, record in enumerate(records):
-    peer = peer_of("sokoban", setup.env, index(states, i))
+    peer = peer_of("sokoban", setup.env.jittable, index(states, i))
     used, done = 0, False
     for turn in record["turns"]:
       assert not done

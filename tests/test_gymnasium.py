@@ -1,5 +1,5 @@
 """Gymnasium environments that speak text, through the host bridge
-(``envs/gymnasium_text.py``), against gymnasium stepped directly."""
+(``envs/host/gymnasium_text.py``), against gymnasium stepped directly."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from gymnasium import spaces
 
 import envs
-from envs.host import reset_seeds
+from envs.batch import reset_seeds
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
-from starpo_jax.algo.sft import ScriptedPolicy
+from starpo_jax.algo.experts import ScriptedPolicy
 from tests.envs.conftest import to_numpy
 from tests.test_host import CFG, script_from
 from tests.text_fixtures import TOKENIZERS
@@ -50,7 +50,7 @@ def test_frozen_lake_through_the_bridge_plays_as_gymnasium(tok_name, slippery):
   tok = TOKENIZERS[tok_name]()
   cfg = dataclasses.replace(CFG, env_groups=6, group_size=4)
   kwargs = {**FROZEN, "is_slippery": slippery}
-  env = envs.make("gymnasium", **kwargs).with_tokenizer(tok.encode)
+  env = envs.batched(envs.make("gymnasium", **kwargs)).bind(tok.encode)
   names = env.spec.action_names
   rng = np.random.default_rng(1)
   plans = [
@@ -133,9 +133,11 @@ def test_free_text_answers_and_a_tool_in_a_gymnasium_environment():
   cfg = dataclasses.replace(
     CFG, env_groups=2, group_size=2, max_turns=4, max_actions_per_turn=1
   )
-  env = envs.make(
-    "gymnasium", id="GuessTest-v0", tools="calculator", max_obs_tokens=32
-  ).with_tokenizer(tok.encode)
+  env = envs.batched(
+    envs.make(
+      "gymnasium", id="GuessTest-v0", tools="calculator", max_obs_tokens=32
+    )
+  ).bind(tok.encode)
   assert env.spec.text_answers and env.spec.max_steps == 6
   key = jax.random.key(3)
   secrets = []
@@ -184,9 +186,9 @@ def test_bad_gymnasium_settings_are_named(kwargs, message):
 
 def test_an_observation_that_is_not_text_ends_the_episode_with_a_message():
   tok = TOKENIZERS["bpe"]()
-  env = envs.make(
-    "gymnasium", id="FrozenLake-v1", actions="Left,Down,Right,Up"
-  ).with_tokenizer(tok.encode)
+  env = envs.batched(
+    envs.make("gymnasium", id="FrozenLake-v1", actions="Left,Down,Right,Up")
+  ).bind(tok.encode)
   states = jax.jit(lambda k: rollout.reset(env, CFG, k))(jax.random.key(0))
   assert np.asarray(states.error).all()
   assert "render_mode='ansi'" in env.errors()[0]

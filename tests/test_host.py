@@ -1,4 +1,4 @@
-"""Python environments stepped from the compiled rollout (``envs.host``):
+"""Python environments (``envs.host``) stepped from the compiled rollout:
 gym-sokoban through the bridge against the jittable Sokoban, and faults
 that end an episode, never the run."""
 
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import envs
-from envs.host import HostEnvironment, HostSpec
-from envs.sokoban import solve
+from envs import HostSpec
+from envs.jax.sokoban import solve
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
-from starpo_jax.algo.sft import ScriptedPolicy
+from starpo_jax.algo.experts import ScriptedPolicy
 from starpo_jax.run import evaluator
 from tests.envs.conftest import to_numpy
 from tests.helpers import TRACES, counted
@@ -56,7 +56,9 @@ def test_gym_sokoban_through_the_bridge_plays_as_the_jittable_sokoban(tok_name):
   states = jax.jit(lambda k: rollout.reset(jittable, CFG, k))(
     rollout.reset_key(key)
   )
-  host = envs.make("gym_sokoban", levels="sokoban").with_tokenizer(tok.encode)
+  host = envs.batched(envs.make("gym_sokoban", levels="sokoban")).bind(
+    tok.encode
+  )
   rng = np.random.default_rng(0)
   names = jittable.spec.action_names
   replies = []
@@ -160,7 +162,7 @@ def test_a_failing_environment_ends_its_episode_only(fault, message):
     made.append(Faulty(fault if len(made) == 1 else "", seen))
     return made[-1]
 
-  env = HostEnvironment(
+  env = envs.batched(
     HostSpec(
       name="faulty",
       make=make,
@@ -169,7 +171,7 @@ def test_a_failing_environment_ends_its_episode_only(fault, message):
       max_obs_tokens=16,
       timeout_s=0.5,
     )
-  ).with_tokenizer(tok.encode)
+  ).bind(tok.encode)
   codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
   replies = [["<answer>Go</answer>"] * cfg.max_turns] * cfg.batch
   policy = ScriptedPolicy(script_from(replies, tok), tok.vocab_size)
@@ -227,7 +229,7 @@ def test_a_reset_that_fails_leaves_its_episode_unplayed():
     made.append((NoReset if len(made) == 0 else Faulty)("", []))
     return made[-1]
 
-  env = HostEnvironment(
+  env = envs.batched(
     HostSpec(
       name="noreset",
       make=make,
@@ -235,7 +237,7 @@ def test_a_reset_that_fails_leaves_its_episode_unplayed():
       action_names=("Go",),
       max_obs_tokens=16,
     )
-  ).with_tokenizer(tok.encode)
+  ).bind(tok.encode)
   codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
   replies = [["<answer>Go</answer>"] * cfg.max_turns] * cfg.batch
   policy = ScriptedPolicy(script_from(replies, tok), tok.vocab_size)
@@ -272,7 +274,7 @@ def test_long_observations_are_cut_to_the_budget_and_counted():
     enable_think=False,
   )
   tok = TOKENIZERS["compact"]()
-  env = HostEnvironment(
+  env = envs.batched(
     HostSpec(
       name="talkative",
       make=lambda: Talkative("", []),
@@ -280,7 +282,7 @@ def test_long_observations_are_cut_to_the_budget_and_counted():
       action_names=("Go",),
       max_obs_tokens=8,
     )
-  ).with_tokenizer(tok.encode)
+  ).bind(tok.encode)
   codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
   replies = [["<answer>Go</answer>"] * cfg.max_turns] * cfg.batch
   policy = ScriptedPolicy(script_from(replies, tok), tok.vocab_size)
@@ -298,9 +300,9 @@ def test_long_observations_are_cut_to_the_budget_and_counted():
 
 
 def test_an_unbound_host_environment_says_what_it_needs():
-  env = envs.make("gym_sokoban")
-  with pytest.raises(RuntimeError, match="with_tokenizer"):
-    env.reset_batch(jax.random.split(jax.random.key(0), 2))
+  env = envs.batched(envs.make("gym_sokoban"))
+  with pytest.raises(RuntimeError, match="bind"):
+    env.reset(jax.random.split(jax.random.key(0), 2))
   with pytest.raises(ValueError, match="levels='mine'; expected"):
     envs.make("gym_sokoban", levels="mine")
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import envs
-from envs.sokoban import solve
+from envs.jax.sokoban import solve
 from reference import countdown as ref_countdown
 from reference import envs as ref_envs
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
-from starpo_jax.algo.sft import ScriptedPolicy
+from starpo_jax.algo.experts import ScriptedPolicy
 from starpo_jax.models import sampling, transformer
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import TRACES, counted
@@ -485,7 +485,9 @@ def test_chunks_must_split_whole_groups_of_a_jittable_environment():
   with pytest.raises(ValueError, match="chunks must be a positive integer"):
     rollout.RolloutConfig(chunks=0)
   tok = TOKENIZERS["compact"]()
-  host = envs.make("gym_sokoban", levels="sokoban").with_tokenizer(tok.encode)
+  host = envs.batched(envs.make("gym_sokoban", levels="sokoban")).bind(
+    tok.encode
+  )
   cfg = rollout.RolloutConfig(env_groups=2, group_size=1, chunks=2)
   codec = codec_lib.Codec.build(tok, host.spec, cfg.prompt_settings())
   with pytest.raises(ValueError, match="chunks=2 needs a jittable environment"):

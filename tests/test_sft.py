@@ -12,13 +12,13 @@ import pytest
 from flax import nnx
 
 from configs import bandit, countdown, frozen_lake, qa, sokoban, sudoku_4x4
-from envs.qa import dataset
-from envs.sokoban import solve
+from envs.jax.qa import dataset
+from envs.jax.sokoban import solve
 from reference import countdown as ref_countdown
 from reference import envs as ref
 from reference import text as ref_text
 from starpo_jax.agent import rollout
-from starpo_jax.algo import logprobs, sft
+from starpo_jax.algo import experts, logprobs, sft
 from starpo_jax.run import assembly
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import (
@@ -44,9 +44,9 @@ def expert_episodes(setup, key, expert: str = "planner"):
   """The settings the warm start's episodes for ``setup`` ran with, the
   episodes and whether the expert had actions for each level."""
   cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
-  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
+  replies = experts.Replies.build(setup.tokenizer, setup.env.spec)
   traj, found = jax.jit(
-    lambda codec, key: sft.expert_trajectories(
+    lambda codec, key: experts.expert_trajectories(
       setup.env,
       codec,
       replies,
@@ -114,8 +114,8 @@ def test_expert_replies_replay_to_success_in_the_reference_rules(name):
   budget = cfg.max_actions_per_traj
   for b in range(EPISODES):
     s = index(states, b)
-    peer = peer_of(name, setup.env, s)
-    length = shortest(name, setup.env, s, peer)
+    peer = peer_of(name, setup.env.jittable, s)
+    length = shortest(name, setup.env.jittable, s, peer)
     replies = replies_of(traj, setup.tokenizer, b)
     for reply in replies:
       matched, actions = read_reply(reply, cfg, names)
@@ -228,11 +228,11 @@ def test_own_reasoning_stops_before_think_close_and_stop_tokens():
     sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, codec),
     env_groups=3,
   )
-  policy = sft.ScriptedPolicy(
+  policy = experts.ScriptedPolicy(
     jax.numpy.asarray(table), codec.token_bytes.shape[0]
   )
   ids, length = jax.jit(
-    lambda codec, key: sft.own_reasoning(
+    lambda codec, key: experts.own_reasoning(
       policy, codec, setup.env, cfg, key, 6, 1.0
     )
   )(codec, jax.random.key(0))
@@ -250,12 +250,12 @@ def test_think_mode_experts_reason_then_answer_in_the_format():
   setup = think_setup()
   tok = setup.tokenizer
   cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
-  replies = sft.Replies.build(tok, setup.env.spec, True)
+  replies = experts.Replies.build(tok, setup.env.spec, True)
   reasoning = np.tile(np.asarray(tok.encode("I push it up")), (cfg.batch, 1))
   length = np.arange(cfg.batch) % (reasoning.shape[1] + 1)
   key = jax.random.key(3)
   traj, found = jax.jit(
-    lambda codec, key, r, n: sft.expert_trajectories(
+    lambda codec, key, r, n: experts.expert_trajectories(
       setup.env, codec, replies, cfg, key, reasoning=(r, n)
     )
   )(setup.codec, key, reasoning, length)
@@ -263,7 +263,7 @@ def test_think_mode_experts_reason_then_answer_in_the_format():
   states = rollout.reset(setup.env, cfg, rollout.reset_key(key))
   horizon = cfg.max_actions_per_turn
   plans = np.asarray(
-    jax.vmap(lambda s: setup.env.plan(s, cfg.max_actions_per_traj))(
+    jax.vmap(lambda s: setup.env.jittable.plan(s, cfg.max_actions_per_traj))(
       states
     ).actions
   )[:, :horizon]
@@ -294,13 +294,13 @@ def test_think_mode_imitates_reasoning_and_answer():
   learner = assembly.make_learner(setup)
   state = assembly.init_state(setup, learner)
   cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
-  replies = sft.Replies.build(setup.tokenizer, setup.env.spec, True)
+  replies = experts.Replies.build(setup.tokenizer, setup.env.spec, True)
   key = jax.random.key(4)
 
   def losses(params, codec):
     model = nnx.merge(learner.policy_def, params)
-    r = sft.own_reasoning(model, codec, setup.env, cfg, key, 6, 1.0)
-    traj, _ = sft.expert_trajectories(
+    r = experts.own_reasoning(model, codec, setup.env, cfg, key, 6, 1.0)
+    traj, _ = experts.expert_trajectories(
       setup.env, codec, replies, cfg, key, reasoning=r
     )
     loss = sft.imitation_loss(
@@ -354,7 +354,7 @@ def test_think_mode_reasoning_comes_from_the_initial_policy():
 
 def test_script_spells_a_plan_turn_by_turn():
   setup, *_ = expert_run("sokoban")
-  replies = sft.Replies.build(setup.tokenizer, setup.env.spec)
+  replies = experts.Replies.build(setup.tokenizer, setup.env.spec)
   plan = np.asarray([3, 0, 2, -1, -1, -1], np.int32)
   script = np.asarray(replies.script(plan, 2, 3))
   text = setup.tokenizer.decode(script[script > 0])
@@ -430,7 +430,7 @@ def test_world_model_targets_are_the_environments_next_observations():
   names = setup.env.spec.action_names
   later = moved = 0
   for b in range(EPISODES):
-    peer = peer_of("sokoban", setup.env, index(states, b))
+    peer = peer_of("sokoban", setup.env.jittable, index(states, b))
     tok, turns = traj.tokens[b], traj.turn_ids[b]
     board = None
     for k, reply in enumerate(replies_of(traj, setup.tokenizer, b)):
@@ -515,7 +515,7 @@ def test_search_imitates_the_first_moves_of_a_success_it_found():
   assert 0 < found.sum() < EPISODES
   budget = setup.rollout_cfg.max_actions_per_traj
   for b in np.flatnonzero(found):
-    peer = peer_of("frozen_lake", setup.env, index(states, b))
+    peer = peer_of("frozen_lake", setup.env.jittable, index(states, b))
     (reply,) = replies_of(traj, setup.tokenizer, b)
     matched, actions = read_reply(reply, cfg, setup.env.spec.action_names)
     assert matched and actions, reply
@@ -525,5 +525,5 @@ def test_search_imitates_the_first_moves_of_a_success_it_found():
     assert peer.player not in peer.holes
     rest = dataclasses.replace(peer, start=peer.player)
     assert (
-      len(actions) + shortest("frozen_lake", setup.env, None, rest) <= budget
+      len(actions) + shortest("frozen_lake", setup.env.jittable, None, rest) <= budget
     )

@@ -21,7 +21,7 @@ from envs import tools
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
 from starpo_jax.algo import diagnostics
-from starpo_jax.algo.sft import ScriptedPolicy
+from starpo_jax.algo.experts import ScriptedPolicy
 from tests.envs.conftest import to_numpy
 from tests.helpers import assert_compiles_once
 from tests.test_rollout import (

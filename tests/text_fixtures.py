@@ -22,7 +22,7 @@ def env_variants() -> tuple:
   for name in ("sokoban", "sokoban_larger", "frozen_lake"):
     out += [
       (name, envs.make(name, render_mode=m))
-      for m in envs.render.BoardText.MODES
+      for m in envs.jax.render.BoardText.MODES
     ]
   return tuple(out)
 

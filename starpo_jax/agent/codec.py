@@ -33,7 +33,7 @@ from flax import struct
 
 from envs import EnvSpec
 from envs import tools as tools_lib
-from envs.host import host_call
+from envs.batch import host_call
 from starpo_jax.agent.parse import ANSWER_CLOSE, Parsed, parse_bytes
 from starpo_jax.agent.ragged import Segment, fixed, pack
 from starpo_jax.models.tokenizer import TAGS, Tokenizer

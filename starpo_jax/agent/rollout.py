@@ -34,8 +34,7 @@ import jax.numpy as jnp
 from flax import struct
 
 import envs
-from envs import Env
-from envs.host import HostEnvironment
+from envs import BatchEnv
 from envs.tools import Results
 from starpo_jax import settings
 from starpo_jax.agent.codec import Codec, PromptSettings
@@ -274,18 +273,15 @@ def level_keys(cfg: RolloutConfig, key: jax.Array) -> jax.Array:
   )
 
 
-def reset(env: Env, cfg: RolloutConfig, key: jax.Array):
-  """The ``cfg.batch`` initial states a rollout with this key plays.
+def reset(env: Any, cfg: RolloutConfig, key: jax.Array):
+  """The ``cfg.batch`` initial states a rollout with this key plays
+  (``env``: an environment ``envs.batched`` takes).
 
   Group members share a level (one reset key per group) but get their own
   dynamics RNG.
   """
   _, k_dynamics = jax.random.split(key)
-  keys = level_keys(cfg, key)
-  if isinstance(env, HostEnvironment):
-    states = env.reset_batch(keys)
-  else:
-    states, _ = jax.vmap(env.reset)(keys)
+  states = envs.batched(env).reset(level_keys(cfg, key))
   return states.replace(key=jax.random.split(k_dynamics, cfg.batch))
 
 
@@ -309,7 +305,7 @@ class Policy(Protocol):
 def _start(
   model: Policy,
   codec: Codec,
-  env: Env,
+  env: BatchEnv,
   cfg: RolloutConfig,
   states: Any,
   k_sample: jax.Array,
@@ -342,7 +338,7 @@ def _start(
     entropy=zeros.astype(jnp.float32),
     rewards=zeros.astype(jnp.float32),
     # A Python environment whose reset failed never plays.
-    done=states.error if isinstance(env, HostEnvironment) else false,
+    done=env.failed(states),
     used=jnp.zeros((b,), jnp.int32),
     last_reward=jnp.zeros((b,), jnp.float32),
     warn=false,
@@ -360,7 +356,7 @@ def _start(
 def _prompt(
   model: Policy,
   codec: Codec,
-  env: Env,
+  env: BatchEnv,
   cfg: RolloutConfig,
   c: _Carry,
   turn: jax.Array,
@@ -369,7 +365,7 @@ def _prompt(
   """Renders each live episode's turn prompt, writes it after the context
   and prefills it; the next token's logits start the decode."""
   b, length = cfg.batch, cfg.max_context
-  obs = codec.render_batch(*jax.vmap(env.render)(c.states))
+  obs = codec.render_batch(*env.render(c.states))
   if codec.tools is not None:
     # The last turn's tool result, then the (unchanged) observation.
     obs = jax.vmap(
@@ -470,7 +466,7 @@ def _decode(
 
 
 def _act(
-  env: Env,
+  env: BatchEnv,
   cfg: RolloutConfig,
   c: _Carry,
   parsed: Any,
@@ -489,54 +485,6 @@ def _act(
   if env.spec.text_answers:
     actions = actions[:, :1]
     answer = envs.Answer(parsed.answer, parsed.answer_length)
-  if isinstance(env, HostEnvironment):
-    return _host_act(env, cfg, c, actions, answer, active)
-
-  def one(a: _Acting, action: jax.Array) -> tuple[_Acting, jax.Array]:
-    budget = a.used < cfg.max_actions_per_traj
-    go = active & (action >= 0) & ~a.env_done & budget
-    taken = answer if env.spec.text_answers else jnp.maximum(action, 0)
-    new, ts = jax.vmap(env.step)(a.states, taken)
-    states = jax.tree.map(
-      lambda x, o: jnp.where(go.reshape(-1, *[1] * (x.ndim - 1)), x, o),
-      new,
-      a.states,
-    )
-    return _Acting(
-      states=states,
-      used=a.used + go,
-      env_done=a.env_done | (go & ts.done),
-      reward=a.reward + jnp.where(go, ts.reward, 0.0),
-      effective=a.effective | (go & ts.effective),
-      success=jnp.where(go, ts.success, a.success),
-      terminated=jnp.where(go, ts.terminated, a.terminated),
-      unavailable=a.unavailable + (go & ~ts.valid),
-    ), jnp.where(go, action, -1)
-
-  b = cfg.batch
-  start = _Acting(
-    states=c.states,
-    used=c.used,
-    env_done=jnp.zeros((b,), bool),
-    reward=jnp.zeros((b,), jnp.float32),
-    effective=jnp.zeros((b,), bool),
-    success=c.success,
-    terminated=c.terminated,
-    unavailable=jnp.zeros((b,), jnp.int32),
-  )
-  return jax.lax.scan(one, start, actions.T)
-
-
-def _host_act(
-  env: HostEnvironment,
-  cfg: RolloutConfig,
-  c: _Carry,
-  actions: jax.Array,
-  answer: envs.Answer | None,
-  active: jax.Array,
-) -> tuple[_Acting, jax.Array]:
-  """``_act`` for a Python environment: the whole batch's turn in one
-  host call (``envs.host``)."""
   t = env.act(
     c.states, actions, answer, active, c.used, cfg.max_actions_per_traj
   )
@@ -636,13 +584,14 @@ def _end_turn(
 def rollout(
   model: Policy,
   codec: Codec,
-  env: Env,
+  env: Any,
   cfg: RolloutConfig,
   key: jax.Array,
   constrain: Callable[[Any], Any] = lambda tree: tree,
 ) -> Trajectory:
   """Plays ``cfg.batch`` episodes; jit it with ``model`` and ``codec`` as
-  arguments (``env`` and ``cfg`` are static).
+  arguments (``env``, an environment ``envs.batched`` takes, and ``cfg``
+  are static).
 
   Each turn: ``_prompt`` (render, write, prefill), ``_decode`` (sample the
   reply), parse, ``_call_tools`` (where the environment has tools),
@@ -654,11 +603,12 @@ def rollout(
   episode-batch arrays on devices (``sharding.batch_constraint``), those
   of the whole batch and, with ``cfg.chunks``, of a part.
   """
+  env = envs.batched(env)
   k_reset, k_sample = jax.random.split(key)
   states = reset(env, cfg, k_reset)
   if cfg.chunks == 1:
     return _play(model, codec, env, cfg, states, k_sample, constrain)
-  if isinstance(env, HostEnvironment):
+  if env.jittable is None:
     raise ValueError(
       f"rollout: chunks={cfg.chunks} needs a jittable environment; a "
       "Python one plays its whole batch at once (chunks=1)"
@@ -678,7 +628,7 @@ def rollout(
 def _play(
   model: Policy,
   codec: Codec,
-  env: Env,
+  env: BatchEnv,
   cfg: RolloutConfig,
   states: Any,
   k_sample: jax.Array,
@@ -700,7 +650,6 @@ def _play(
     return constrain(c), record
 
   c, turns = jax.lax.scan(turn_body, carry, jnp.arange(cfg.max_turns))
-  host = isinstance(env, HostEnvironment)
   turns = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), turns)  # [B, K]
   crop = lambda x: x[:, : cfg.max_context]
   return Trajectory(
@@ -727,6 +676,6 @@ def _play(
     success=c.success & c.terminated,
     terminated=c.terminated,
     context_truncated=c.context_truncated,
-    env_error=c.states.error if host else jnp.zeros_like(c.done),
-    obs_truncated=(c.states.cut if host else 0) + c.results_cut,
+    env_error=env.failed(c.states),
+    obs_truncated=env.cut(c.states) + c.results_cut,
   )

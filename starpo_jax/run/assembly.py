@@ -26,12 +26,12 @@ import optax
 from flax import nnx
 
 import envs
-from envs.host import HostEnvironment
 from starpo_jax import settings, sharding
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
 from starpo_jax.algo import diagnostics, filtering, sft
 from starpo_jax.algo.config import AlgoConfig
+from starpo_jax.algo.experts import Replies
 from starpo_jax.algo.spec import StepSpec
 from starpo_jax.algo.state import CRITIC_OWN, Learner, TrainState, trainable
 from starpo_jax.algo.step import make_step
@@ -163,11 +163,7 @@ def build(
   )
   # Python environments tokenize their observations on the host; on a
   # mesh, each process steps the episodes of its own batch shards.
-  bind = lambda e: (
-    e.with_tokenizer(tok.encode, sharding.BATCH)
-    if isinstance(e, HostEnvironment)
-    else e
-  )
+  bind = lambda e: e.bind(tok.encode, sharding.BATCH)
   env, eval_envs = bind(env), {n: bind(e) for n, e in eval_envs.items()}
   model_cfg = _model_config(typed["model"], ckpt, tok)
   _check_lora(model_cfg, sft_cfg)
@@ -184,7 +180,7 @@ def build(
       sft.check(
         env,
         sft.episodes_config(rollout_cfg, sft_cfg, codec),
-        sft.Replies.build(tok, env.spec, rollout_cfg.enable_think),
+        Replies.build(tok, env.spec, rollout_cfg.enable_think),
         sft_cfg.expert,
         sft_cfg.reasoning_tokens,
       )
@@ -214,8 +210,10 @@ def _environments(c: sections.EnvConfig) -> tuple[Any, dict[str, Any]]:
   with ``env.eval_kwargs`` applied and, when those change anything, the
   training environment again as ``eval_train_env``."""
   try:
-    env = envs.make(c.name, **c.kwargs)
-    eval_envs = {"eval": envs.make(c.name, **{**c.kwargs, **c.eval_kwargs})}
+    env = envs.batched(envs.make(c.name, **c.kwargs))
+    eval_envs = {
+      "eval": envs.batched(envs.make(c.name, **{**c.kwargs, **c.eval_kwargs}))
+    }
   except ValueError as e:
     raise ConfigError(f"config.env: {e}") from None
   if c.eval_kwargs:
@@ -598,19 +596,18 @@ def compile_step(setup: Setup, state: TrainState, learner: Learner):
 
 def compile_sft_step(setup: Setup, state: TrainState, learner: Learner):
   """The jitted supervised warm-start step."""
-  step = sft.make_sft_step(
+  spec = sft.WarmStartSpec(
     env=setup.env,
-    rollout_cfg=setup.rollout_cfg,
-    sft_cfg=setup.sft_cfg,
+    rollout=setup.rollout_cfg,
+    sft=setup.sft_cfg,
     policy_def=learner.policy_def,
     tx=sft_optimizer(setup),
-    replies=sft.Replies.build(
+    replies=Replies.build(
       setup.tokenizer, setup.env.spec, setup.rollout_cfg.enable_think
     ),
-    codec=setup.codec,
     logits_chunk=setup.algo.logits_chunk,
-    mesh=setup.mesh,
   )
+  step = sft.make_sft_step(spec, setup.codec, setup.mesh)
   return _jit_step(step, state, setup.mesh)
 
 

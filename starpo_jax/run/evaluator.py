@@ -23,8 +23,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from envs import Env, planning
-from envs.host import HostEnvironment
+from envs import batched
 from starpo_jax import sharding
 from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.algo import diagnostics
@@ -44,22 +43,15 @@ def wilson_interval(successes: int, n: int, z: float = 1.96):
 
 
 def random_valid_success(
-  env: Env, states: Any, actions: int, key: jax.Array
+  env: Any, states: Any, actions: int, key: jax.Array
 ) -> jax.Array:
   """Which episodes ``[B]`` a player solves that takes up to ``actions``
   uniformly random actions among those valid in each state (never a
   malformed or unavailable answer): the bar a policy that ignores the
   board cannot pass. An environment with text answers answers once with
-  its ``random_answer`` (Countdown: the numbers in a random order joined
-  by random operators). Jittable; ``states`` are batched."""
-  if isinstance(env, HostEnvironment):
-    return env.random_success(states, actions, key)
-  b = jax.tree.leaves(states)[0].shape[0]
-  if env.spec.text_answers:
-    answers = jax.vmap(env.random_answer)(states, jax.random.split(key, b))
-    return jax.vmap(env.step)(states, answers)[1].success
-  play = lambda s, k: planning.random_valid_play(env, s, actions, k)[1]
-  return jax.vmap(play)(states, jax.random.split(key, b))
+  its ``random_answer``. ``env``: an environment ``envs.batched`` takes;
+  ``states`` are batched. Jittable."""
+  return batched(env).random_success(states, actions, key)
 
 
 def episode_record(
@@ -74,7 +66,7 @@ def episode_record(
   (by name; ``"answer"`` when an environment took a text answer), the
   turn's reward (format penalty included) and whether the answer was
   well-formed and valid; ``error``: what ended a Python environment's
-  episode (``HostEnvironment.errors()``), recorded when given."""
+  episode (``BatchEnv.errors()``), recorded when given."""
   action_names = action_names or ("answer",)
   tokens = np.asarray(traj.tokens[episode])
   turn_ids = np.asarray(traj.turn_ids[episode])
@@ -151,7 +143,7 @@ class Evaluator:
   def __init__(
     self,
     *,
-    envs: dict[str, Env],
+    envs: dict[str, Any],
     codecs: dict[str, Any],
     rollout_cfg: rollout_lib.RolloutConfig,
     policy_def: Any,
@@ -168,9 +160,7 @@ class Evaluator:
     self.samples = samples
     self.action_names = {n: e.spec.action_names for n, e in envs.items()}
     # Python environments' faults of the last evaluation, per episode.
-    self.hosts = {
-      n: e for n, e in envs.items() if isinstance(e, HostEnvironment)
-    }
+    self.envs = {n: batched(e) for n, e in envs.items()}
     self.errors: dict[tuple[str, float], list[str | None]] = {}
     base = dataclasses.replace(
       rollout_cfg, env_groups=episodes, group_size=samples
@@ -212,8 +202,7 @@ class Evaluator:
         lambda x: np.asarray(sharding.local_value(x)),
         run(params, self.codecs[name], self.key),
       )
-      if name in self.hosts:
-        self.errors[(name, t)] = list(self.hosts[name].errors())
+      self.errors[(name, t)] = list(self.envs[name].errors())
       if report is not None:
         seconds = time.perf_counter() - t0
         report(

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import envs
-from envs.bandit import constants
+from envs.jax.bandit import constants
 from reference import envs as ref
 from tests.envs.conftest import (
   NUM_LEVELS,

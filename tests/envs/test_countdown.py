@@ -17,7 +17,7 @@ import pytest
 
 import envs
 from envs import core
-from envs.countdown import Countdown, expression, solver
+from envs.jax.countdown import Countdown, expression, solver
 from reference import countdown as ref
 from tests.envs.conftest import to_numpy
 from tests.helpers import assert_compiles_once

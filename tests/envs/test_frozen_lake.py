@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import envs
-from envs.frozen_lake import State, constants
+from envs.jax.frozen_lake import State, constants
 from reference import envs as ref
 from tests.envs.conftest import (
   NUM_LEVELS,

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import envs
-from envs import core, sudoku_solver
-from envs.jumanji_text import FACES, GAMES
+from envs import core
+from envs.jax import sudoku_solver
+from envs.jax.jumanji_text import FACES, GAMES
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import assert_compiles_once
 
@@ -212,7 +213,7 @@ def test_every_game_builds_with_its_action_names():
 
 def test_unknown_games_and_settings_are_named():
   with pytest.raises(ValueError, match="unknown game 'chess'"):
-    envs.jumanji_text.JumanjiText("chess")
+    envs.jax.jumanji_text.JumanjiText("chess")
   with pytest.raises(ValueError, match="unknown setting 'size'"):
     envs.make("maze", size=5)
   with pytest.raises(ValueError, match="target_tile must be a power of two"):
@@ -230,7 +231,7 @@ def is_sudoku(grid: np.ndarray) -> bool:
 
 @pytest.mark.parametrize("database", ["very-easy", "mixed"])
 def test_solved_databases_are_sudokus_that_keep_their_clues(database):
-  path = envs.jumanji_text._sudoku_path(database)
+  path = envs.jax.jumanji_text._sudoku_path(database)
   puzzles, solutions = np.load(path), sudoku_solver.solve_all(path)
   assert solutions.shape == puzzles.shape
   clue = puzzles > 0

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import envs
-from envs import planning
-from envs.sokoban import solve
+from envs.jax import planning
+from envs.jax.sokoban import solve
 from reference import envs as ref
 from tests.envs.conftest import index, level_pool, to_numpy
 from tests.helpers import peer_of

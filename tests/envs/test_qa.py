@@ -19,7 +19,7 @@ import pyarrow.parquet
 import pytest
 
 import envs
-from envs.qa import constants, dataset
+from envs.jax.qa import constants, dataset
 from reference import qa as ref
 from tests.helpers import assert_compiles_once
 
@@ -66,7 +66,7 @@ def pairs(ds: dataset.Dataset) -> collections.Counter:
 def test_jsonl_reads_through_tfds_without_tensorflow(data):
   path, data_dir, rows = data
   code = (
-    "import sys; from envs.qa import dataset; "
+    "import sys; from envs.jax.qa import dataset; "
     f"ds = dataset.load({path!r}, data_dir={data_dir!r}); "
     "print(len(ds.questions), 'tensorflow' in sys.modules)"
   )

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import envs
-from envs.sokoban import State, constants, solve
+from envs.jax.sokoban import State, constants, solve
 from reference import envs as ref
 from tests.envs.conftest import (
   NUM_LEVELS,

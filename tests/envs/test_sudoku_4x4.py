@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import envs
-from envs.sudoku import constants, generator
+from envs.jax.sudoku import constants, generator
 from reference import envs as ref
 from tests.envs.conftest import NUM_LEVELS, level_pool, play, text, to_numpy
 

@@ -33,7 +33,7 @@ def main() -> None:
   import ml_collections
 
   from configs import bandit, gym_sokoban
-  from envs import host
+  from envs.batch import host
   from starpo_jax.run import train
 
   # Which slots this process's host environments were asked to step.

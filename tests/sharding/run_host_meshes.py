@@ -20,7 +20,7 @@ import envs
 from starpo_jax import sharding
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
-from starpo_jax.algo.sft import ScriptedPolicy
+from starpo_jax.algo.experts import ScriptedPolicy
 from tests.test_host import CFG, script_from
 from tests.text_fixtures import TOKENIZERS
 
@@ -42,7 +42,7 @@ def main() -> None:
   policy = ScriptedPolicy(script_from(replies, tok), tok.vocab_size)
   out, calls, text, text_calls = {}, {}, {}, {}
   for shape in ((1, 1, 1), (2, 2, 2)):
-    env = envs.make("gym_sokoban", levels="sokoban").with_tokenizer(
+    env = envs.batched(envs.make("gym_sokoban", levels="sokoban")).bind(
       tok.encode, sharding.BATCH
     )
     seen = calls[str(shape)] = []

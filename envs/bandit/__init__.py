@@ -1,5 +1,0 @@
-"""Bandit: pick the arm whose name suggests the higher expected reward."""
-
-from envs.bandit.env import Bandit, State
-
-__all__ = ["Bandit", "State"]

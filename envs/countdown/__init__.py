@@ -1,5 +1,0 @@
-"""Countdown: reach the target with the given numbers and + - * /."""
-
-from envs.countdown.env import Countdown, State
-
-__all__ = ["Countdown", "State"]

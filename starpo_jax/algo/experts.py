@@ -1,0 +1,276 @@
+"""The warm start's experts: who decides the actions of its episodes
+(a planner's shortest solution, the best of a random search, a random
+valid player, an environment's own solution), and the scripted policy
+that spells them out as replies in the rollout's format, after the
+model's own reasoning in think mode (``algo.sft`` trains on them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+import envs
+from envs import Env
+from envs.core import EnvSpec
+from envs.jax import planning
+from starpo_jax.agent import rollout as rollout_lib
+from starpo_jax.agent.codec import Codec
+from starpo_jax.agent.parse import (
+  ANSWER_CLOSE,
+  ANSWER_OPEN,
+  THINK_CLOSE,
+  first_at,
+)
+from starpo_jax.agent.ragged import pack
+from starpo_jax.agent.rollout import RolloutConfig, Trajectory
+from starpo_jax.algo.logprobs import (
+  pack_generated,
+)
+from starpo_jax.models.tokenizer import Tokenizer
+
+
+@struct.dataclass
+class ScriptCache:
+  length: jax.Array  # [B] tokens held
+  pos: jax.Array  # [B] script tokens emitted
+
+  def broadcast(self, batch: int) -> ScriptCache:
+    return ScriptCache(
+      jnp.broadcast_to(self.length, (batch,)),
+      jnp.broadcast_to(self.pos, (batch,)),
+    )
+
+
+@struct.dataclass
+class ScriptedPolicy:
+  """Row b emits ``script[b, 0], script[b, 1], ...`` whatever it is shown
+  (a ``rollout.Policy``).
+
+  Its logits put all mass on the next script token, so greedy decoding and
+  sampling alike reproduce the script.
+  """
+
+  script: jax.Array  # [B, S] int32
+  vocab: int = struct.field(pytree_node=False)
+
+  def init_cache(self, batch: int, size: int) -> ScriptCache:
+    del size
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return ScriptCache(zeros, zeros)
+
+  def _next(self, pos: jax.Array) -> jax.Array:
+    rows = jnp.arange(pos.shape[0]) % self.script.shape[0]
+    return self.script[rows, jnp.clip(pos, 0, self.script.shape[1] - 1)]
+
+  def hidden(self, tokens, cache, num_new=None):
+    if num_new is None:
+      num_new = jnp.full(tokens.shape[:1], tokens.shape[1], jnp.int32)
+    nxt = self._next(cache.pos).astype(jnp.float32)
+    h = jnp.broadcast_to(nxt[:, None, None], (*tokens.shape, 1))
+    return h, ScriptCache(cache.length + num_new, cache.pos)
+
+  def logits(self, h):
+    return 50.0 * jax.nn.one_hot(h[..., 0].astype(jnp.int32), self.vocab)
+
+  def __call__(self, tokens, cache, num_new=None):
+    if num_new is None:
+      num_new = jnp.full(tokens.shape[:1], tokens.shape[1], jnp.int32)
+    pos = cache.pos + num_new
+    logits = 50.0 * jax.nn.one_hot(self._next(pos), self.vocab)
+    return logits[:, None], ScriptCache(cache.length + num_new, pos)
+
+
+@struct.dataclass
+class Replies:
+  """Token spellings of replies: an action first in its turn, an action
+  after ``" || "``, and the closing ``</answer>``; in think mode what
+  closes the reasoning and opens the answer (``</think><answer>``)."""
+
+  first: jax.Array  # [A, W] int32
+  first_len: jax.Array  # [A] int32
+  later: jax.Array  # [A, W] int32
+  later_len: jax.Array  # [A] int32
+  close: jax.Array  # [C] int32
+  open: jax.Array  # [O] int32, empty without think mode
+
+  @classmethod
+  def build(cls, tokenizer: Tokenizer, spec: EnvSpec, think: bool = False):
+    """Action names, ``" || "`` between them; or, for free-text answers,
+    the answer alphabet's pieces, nothing between them."""
+    names = spec.answer_pieces if spec.text_answers else spec.action_names
+    if not names:
+      raise ValueError(
+        f"sft: environment {spec.name!r} names neither actions nor the "
+        "pieces its answers are made of (spec.answer_pieces); set "
+        "sft.steps=0"
+      )
+    sep = "" if spec.text_answers else " || "
+    spell = lambda texts: [tokenizer.encode(t) for t in texts]
+    first = spell(names)
+    later = spell([f"{sep}{name}" for name in names])
+    width = max(len(ids) for ids in first + later)
+
+    def table(rows):
+      out = np.zeros((len(rows), width), np.int32)
+      for i, ids in enumerate(rows):
+        out[i, : len(ids)] = ids
+      return jnp.asarray(out), jnp.asarray([len(r) for r in rows], jnp.int32)
+
+    (f, fl), (lt, ll) = table(first), table(later)
+    close = jnp.asarray(tokenizer.encode(ANSWER_CLOSE.decode()), jnp.int32)
+    opening = (THINK_CLOSE + ANSWER_OPEN).decode() if think else ""
+    return cls(
+      first=f,
+      first_len=fl,
+      later=lt,
+      later_len=ll,
+      close=close,
+      open=jnp.asarray(tokenizer.encode(opening), jnp.int32),
+    )
+
+  def turn_tokens(self, per_turn: int) -> int:
+    """The most tokens one turn's reply takes (its reasoning aside)."""
+    return (
+      self.open.shape[0] + per_turn * self.first.shape[1] + self.close.shape[0]
+    )
+
+  def script(self, actions: jax.Array, per_turn: int, turns: int) -> jax.Array:
+    """A plan ``[H]`` (``-1`` past its end) as reply tokens, ``per_turn``
+    actions a turn; turns with no action left have no reply."""
+    segments = []
+    for t in range(turns):
+      chunk = actions[t * per_turn : (t + 1) * per_turn]
+      for j in range(chunk.shape[0]):
+        a = jnp.maximum(chunk[j], 0)
+        ids, n = (
+          (self.first, self.first_len)
+          if j == 0
+          else (
+            self.later,
+            self.later_len,
+          )
+        )
+        keep = (jnp.arange(ids.shape[1]) < n[a]) & (chunk[j] >= 0)
+        segments.append((ids[a], keep))
+      close = jnp.broadcast_to(jnp.any(chunk >= 0), self.close.shape)
+      segments.append((self.close, close))
+    return pack(segments, turns * self.turn_tokens(per_turn))[0]
+
+  def after_reasoning(
+    self, script: jax.Array, reasoning: jax.Array, length: jax.Array
+  ) -> jax.Array:
+    """A first turn's ``script [S]`` (its answer) after ``length`` tokens
+    of ``reasoning [R]`` and what closes it: ``[R + O + S]``."""
+    r = reasoning.shape[0]
+    segments = [
+      (reasoning, jnp.arange(r) < length),
+      (self.open, jnp.ones(self.open.shape, bool)),
+      (script, jnp.ones(script.shape, bool)),
+    ]
+    return pack(segments, r + self.open.shape[0] + script.shape[0])[0]
+
+
+def solution_width(env: Env) -> int:
+  """How many answer pieces ``env.solution`` returns."""
+  state = jax.eval_shape(lambda: env.reset(jax.random.key(0))[0])
+  return jax.eval_shape(env.solution, state).shape[0]
+
+
+def own_reasoning(
+  model: Any,
+  codec: Codec,
+  env: Env,
+  rollout_cfg: RolloutConfig,
+  key: jax.Array,
+  tokens: int,
+  temperature: float,
+) -> tuple[jax.Array, jax.Array]:
+  """The policy's first-turn replies on the levels ``key`` draws, sampled
+  at ``temperature`` for up to ``tokens`` tokens: ``[B, tokens]`` and how
+  many of each to keep: those that end before any ``</think>`` the reply
+  wrote and before a stop token."""
+  cfg = dataclasses.replace(
+    rollout_cfg, max_turns=1, max_new_tokens=tokens, temperature=temperature
+  )
+  traj = rollout_lib.rollout(model, codec, env, cfg, key)
+  positions, slots = pack_generated(traj, tokens)
+  ids = jnp.take_along_axis(traj.tokens, positions, axis=1)
+  stops = jnp.isin(ids, jnp.asarray(codec.stop_ids)) | ~slots
+  stopped = jnp.concatenate([stops, jnp.ones_like(stops[:, :1])], axis=1)
+  before_stop = jnp.argmax(stopped, axis=1)
+
+  def before_close(ids, n):
+    data, count = codec.to_bytes(ids, n)
+    close = first_at(data, count, THINK_CLOSE)
+    ends = len(codec.reply_prefix) + jnp.cumsum(codec.token_byte_lengths[ids])
+    return jnp.sum((ends <= close) & (jnp.arange(ids.shape[0]) < n))
+
+  length = jax.vmap(before_close)(ids, before_stop)
+  return ids, length.astype(jnp.int32)
+
+
+def expert_trajectories(
+  env: Any,
+  codec: Codec,
+  replies: Replies,
+  rollout_cfg: RolloutConfig,
+  key: jax.Array,
+  constrain=lambda tree: tree,
+  expert: str = "planner",
+  tries: int = 64,
+  reasoning: tuple[jax.Array, jax.Array] | None = None,
+) -> tuple[Trajectory, jax.Array]:
+  """Plays ``rollout_cfg.batch`` new levels with the expert's actions: their
+  shortest solutions, the shortest of ``tries`` random successes, or random
+  valid ones; in think mode after ``reasoning`` (``own_reasoning``: tokens
+  ``[B, R]`` and lengths ``[B]``).
+
+  Returns:
+    The episodes, and ``[B]`` bool, whether the expert had actions for the
+    level (a plan, a success found by search; always for the others).
+
+  ``env``: a jittable environment (or its ``envs.batched`` form).
+  """
+  env = envs.batched(env).jittable
+  states = rollout_lib.reset(env, rollout_cfg, rollout_lib.reset_key(key))
+  if env.spec.text_answers:
+    # The whole answer in the first turn's reply.
+    answers = jax.vmap(env.solution)(states)
+    scripts = jax.vmap(
+      lambda a: replies.script(a, a.shape[0], rollout_cfg.max_turns)
+    )(answers)
+    if reasoning is not None:
+      scripts = jax.vmap(replies.after_reasoning)(scripts, *reasoning)
+    policy = ScriptedPolicy(scripts, codec.token_bytes.shape[0])
+    traj = rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
+    return traj, jnp.ones(traj.success.shape, bool)
+  horizon = rollout_cfg.max_actions_per_traj
+  if expert == "planner":
+    plans = jax.vmap(lambda s: env.plan(s, horizon))(states)
+  elif expert == "search":
+    keys = jax.random.split(jax.random.fold_in(key, 1), rollout_cfg.batch)
+    plans = jax.vmap(
+      lambda s, k: planning.random_search(env, s, horizon, k, tries)
+    )(states, keys)
+  else:  # random_valid, world_model
+    keys = jax.random.split(jax.random.fold_in(key, 1), rollout_cfg.batch)
+    plans = jax.vmap(
+      lambda s, k: planning.random_valid_play(env, s, horizon, k)[0]
+    )(states, keys)
+  scripts = jax.vmap(
+    lambda a: replies.script(
+      a, rollout_cfg.max_actions_per_turn, rollout_cfg.max_turns
+    )
+  )(plans.actions)
+  if reasoning is not None:
+    scripts = jax.vmap(replies.after_reasoning)(scripts, *reasoning)
+  policy = ScriptedPolicy(scripts, codec.token_bytes.shape[0])
+  traj = rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
+  found = plans.length >= 0 if expert in ("planner", "search") else None
+  return traj, jnp.ones(traj.success.shape, bool) if found is None else found
