@@ -24,8 +24,9 @@ import envs
 from benchmarks import common
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
+from starpo_jax.models import config as model_config
+from starpo_jax.models import presets, transformer
 from starpo_jax.models import tokenizer as tokenizer_lib
-from starpo_jax.models import transformer
 
 # (episodes, turns, max new tokens) per model when not given.
 DEFAULT_SIZES = {"tiny": (128, 5, 100), "qwen2.5-0.5b": (16, 2, 32)}
@@ -51,7 +52,7 @@ def bench(
   settings = cfg.prompt_settings()
   tok = tokenizer_lib.build_compact(codec_lib.prompt_pieces(env.spec, settings))
   overrides = {"vocab_size": tok.vocab_size} if model_name == "tiny" else {}
-  model_cfg = transformer.preset(
+  model_cfg = presets.preset(
     model_name, dtype=dtype, param_dtype=dtype, **overrides
   )
   codec = codec_lib.Codec.build(tok, env.spec, settings, model_cfg.vocab_size)
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
   parser.add_argument("--episodes", type=int)
   parser.add_argument("--turns", type=int)
   parser.add_argument("--max-new-tokens", type=int)
-  parser.add_argument("--dtype", default="float32", choices=transformer.DTYPES)
+  parser.add_argument("--dtype", default="float32", choices=model_config.DTYPES)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--json", default=None)
   args = parser.parse_args(argv)

@@ -70,7 +70,8 @@ from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.algo import batch as batch_lib
 from starpo_jax.algo import spec as spec_lib
 from starpo_jax.algo import update as update_lib
-from starpo_jax.models import checkpoints, hf, transformer
+from starpo_jax.models import checkpoints, hf
+from starpo_jax.models import config as model_config
 from starpo_jax.run import assembly
 
 SUITES = ("env", "rollout", "update", "iteration")
@@ -155,13 +156,13 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float, bool]:
   return first, statistics.median(times), _COMPILES[0] > compiled
 
 
-def matmul_params_per_layer(cfg: transformer.ModelConfig) -> int:
+def matmul_params_per_layer(cfg: model_config.ModelConfig) -> int:
   d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   return d * hd * (h + 2 * kv) + h * hd * d + 3 * d * cfg.intermediate_size
 
 
 def forward_flops(
-  cfg: transformer.ModelConfig, tokens: float, logits: float, pairs: float
+  cfg: model_config.ModelConfig, tokens: float, logits: float, pairs: float
 ) -> float:
   """Forward FLOPs of ``tokens`` through the layers, ``logits`` of them
   through the output layer, and ``pairs`` attended (query, key) pairs."""
@@ -360,7 +361,7 @@ class Pair:
     )
 
   def describe(self) -> str:
-    r = self.setup.rollout_cfg
+    r = self.setup.config.rollout
     return (
       f"{self.name} ({self.model_cfg.num_params() / 1e6:.1f}M, "
       f"{self.dtype}), {r.batch} episodes x {r.max_turns} turns x "
@@ -434,7 +435,7 @@ def rollout_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
   setup, cfg = pair.setup, pair.model_cfg
   play = jax.jit(
     lambda p, codec, k: rollout_lib.rollout(
-      nnx.merge(pair.policy_def, p), codec, setup.env, setup.rollout_cfg, k
+      nnx.merge(pair.policy_def, p), codec, setup.env, setup.config.rollout, k
     )
   )
   keys = iter(range(1, 1000))
@@ -453,7 +454,7 @@ def rollout_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
   flops = forward_flops(
     cfg,
     float(np.sum(lengths)),
-    generated + setup.rollout_cfg.max_turns * setup.rollout_cfg.batch,
+    generated + setup.config.rollout.max_turns * setup.config.rollout.batch,
     float(np.sum(lengths * (lengths + 1) / 2)),
   )
   # Decoding reads every weight once per step for the whole batch, and each
@@ -461,7 +462,7 @@ def rollout_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
   size = jnp.dtype(cfg.dtype).itemsize
   param_bytes = size * cfg.num_params()
   kv_bytes = 2 * size * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
-  steps = generated / setup.rollout_cfg.batch
+  steps = generated / setup.config.rollout.batch
   moved = (
     steps * param_bytes + generated * float(np.mean(lengths)) / 2 * kv_bytes
   )
@@ -496,8 +497,8 @@ def rollout_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
 def update_batch(pair: Pair) -> dict[str, np.ndarray]:
   """A minibatch of the training shape where every generated token
   trains, the same on both sides (seeded)."""
-  setup, r = pair.setup, pair.setup.rollout_cfg
-  mb = r.batch // setup.algo.minibatches
+  setup, r = pair.setup, pair.setup.config.rollout
+  mb = r.batch // setup.config.algo.minibatches
   length, gen = r.max_context, r.max_generated
   rng = np.random.default_rng(0)
   vocab = setup.tokenizer.vocab_size
@@ -521,8 +522,8 @@ def update_batch(pair: Pair) -> dict[str, np.ndarray]:
 
 
 def update_workload(pair: Pair) -> str:
-  r = pair.setup.rollout_cfg
-  mb = r.batch // pair.setup.algo.minibatches
+  r = pair.setup.config.rollout
+  mb = r.batch // pair.setup.config.algo.minibatches
   return (
     f"{pair.name} ({pair.dtype}), minibatch {mb} x {r.max_context} tokens "
     f"({r.max_generated} scored)"
@@ -533,12 +534,12 @@ UPDATE_BASELINE = "same loss in PyTorch (AdamW)"
 
 
 def update_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
-  setup, cfg, algo = pair.setup, pair.model_cfg, pair.setup.algo
+  setup, cfg, algo = pair.setup, pair.model_cfg, pair.setup.config.algo
   data = update_batch(pair)
   mb, length = data["tokens"].shape
   gen = data["positions"].shape[1]
   dist = spec_lib.Distribution(
-    setup.rollout_cfg.temperature, setup.codec.allowed
+    setup.config.rollout.temperature, setup.codec.allowed
   )
 
   def loss_fn(params, batch):

@@ -20,8 +20,7 @@ def get_config(arg=None):
   c = common.base_config()
   c.env.name = "bandit"
   c.env.eval_kwargs.split = "test"
-  common.apply_preset(c, args["algo"])
-  common.apply_model(c, args)
+  common.apply_presets(c, args)
   common.single_turn(c, args["algo"])
   if args["model"] == "tiny":
     c.rollout.max_new_tokens = 4

@@ -15,13 +15,10 @@ from typing import Any
 import ml_collections
 
 from starpo_jax import settings
-from starpo_jax.run import sections
+from starpo_jax.run import presets, sections
 
 # --config=FILE:key=value,... keys and their defaults.
 ARG_DEFAULTS = {"model": "tiny", "ckpt": "", "algo": "starpo_s"}
-
-PRESETS = ("starpo", "starpo_s", "starpo_s2", "grpo", "dapo")
-
 
 def parse_arg(arg: str | None, **defaults: Any) -> dict[str, Any]:
   """``"model=tiny,ckpt=/p"`` -> ``{"model": "tiny", "ckpt": "/p", ...}``.
@@ -45,68 +42,12 @@ def parse_arg(arg: str | None, **defaults: Any) -> dict[str, Any]:
   return out
 
 
-def _section(cls) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(settings.defaults(cls))
-
-
 def base_config() -> ml_collections.ConfigDict:
   """Every setting with its default (RAGEN's where it has one), taken from
-  the dataclass of its section (``starpo_jax/run/sections.py`` names them;
-  each documents its settings): one place per default."""
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  for name, cls in sections.SECTIONS.items():
-    c[name] = _section(cls)
-  # Which mesh axis shards each logical axis of the parameters.
-  c.logical_axis_rules = (
-    ("layers", None),
-    ("vocab", "tensor"),
-    ("embed", "fsdp"),
-    ("mlp", "tensor"),
-    ("heads", "tensor"),
-    ("kv", "tensor"),
-    ("head_dim", None),
-  )
-  return c
-
-
-def apply_preset(c: ml_collections.ConfigDict, name: str) -> None:
-  """The algorithm presets (RAGEN's StarPO / StarPO-S, GRPO, DAPO)."""
-  if name not in PRESETS:
-    raise ValueError(f"unknown algo preset {name!r}; known: {PRESETS}")
-  c.filter.strategy, c.filter.value = "top_p", 1.0  # keep every group
-  if name == "starpo":
-    # PPO with a critic, KL to the reference, symmetric clipping.
-    c.algo.adv_estimator = "gae"
-    c.algo.kl_coef = 0.001
-    c.algo.clip_high = 0.2
-  elif name in ("starpo_s", "starpo_s2"):
-    # RAGEN's stabilised recipe: variance filtering, clip-higher, no KL.
-    c.algo.adv_estimator = "gae"
-    c.algo.kl_coef = 0.0
-    c.algo.clip_high = 0.28
-    if name == "starpo_s":
-      # RAGEN (V1): the quarter of groups with the largest in-group reward
-      # standard deviation (2 of 8 groups).
-      c.filter.strategy, c.filter.value = "top_k", 0.25
-    else:
-      # RAGEN-2's recommendation: groups in order of reward spread until
-      # they hold 90% of the summed spread; groups with none never kept.
-      c.filter.strategy, c.filter.value = "top_p", 0.9
-      c.filter.top_p_mode = "linear"
-      c.filter.include_zero = False
-  elif name == "grpo":
-    c.algo.adv_estimator = "grpo"
-    c.algo.kl_coef = 0.001
-    c.algo.clip_high = 0.2
-  else:
-    # DAPO: clip-higher, no KL, token-mean, and dynamic sampling (groups
-    # whose rewards are all equal carry no signal and are dropped).
-    c.algo.adv_estimator = "grpo"
-    c.algo.kl_coef = 0.0
-    c.algo.clip_high = 0.28
-    c.algo.loss_agg = "token-mean"
-    c.filter.include_zero = False
+  the dataclass of its section (``starpo_jax/run/sections.py``'s
+  ``RunConfig`` names them; each documents its settings): one place per
+  default."""
+  return ml_collections.ConfigDict(settings.defaults(sections.RunConfig))
 
 
 def jumanji_puzzle(
@@ -119,8 +60,7 @@ def jumanji_puzzle(
   args = parse_arg(arg)
   c = base_config()
   c.env.name = game
-  apply_preset(c, args["algo"])
-  apply_model(c, args)
+  apply_presets(c, args)
   c.rollout.max_turns = turns
   c.rollout.max_actions_per_turn = 2
   c.rollout.max_actions_per_traj = 10
@@ -140,8 +80,8 @@ def single_turn(c: ml_collections.ConfigDict, algo: str) -> None:
   c.rollout.max_turns = 1
   c.rollout.max_actions_per_turn = 1
   c.rollout.max_actions_per_traj = 1
-  if algo == "starpo_s":
-    c.algo.adv_estimator = "grpo"
+  if algo == "starpo_s" and "grpo_advantages" not in c.presets:
+    presets.apply(c, "grpo_advantages")
 
 
 def smollm2_on_cpu(
@@ -187,42 +127,20 @@ def smollm2_on_cpu(
   c.diagnostics.collapse_every = 10
 
 
-def apply_model(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
-  """``model=`` / ``ckpt=`` arguments, with settings fit for each model."""
-  c.model.preset = args["model"]
+def apply_presets(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
+  """The ``algo=`` preset, then the ``model=`` one (``run/presets.py``),
+  and the model's ``ckpt=``. StarPO-S on the tiny model, and any
+  algorithm on SmolLM2, take group-relative advantages for the critic's
+  (the run's first lines say so)."""
+  model, algo = args["model"], args["algo"]
+  if algo not in presets.ALGORITHMS:
+    raise ValueError(
+      f"unknown algo preset {algo!r}; known: {tuple(presets.ALGORITHMS)}"
+    )
+  presets.apply(c, algo, model)
+  if (model == "tiny" and algo in ("starpo_s", "starpo_s2")) or (
+    model == "smollm2-135m"
+  ):
+    presets.apply(c, "grpo_advantages")
+  c.model.preset = model
   c.model.ckpt = args["ckpt"]
-  if args["model"] == "tiny":
-    # A model trained from scratch has no language: it answers with actions
-    # only, from the tokens answers are made of, and learns fast enough on a
-    # CPU with a larger learning rate.
-    c.rollout.enable_think = False
-    c.rollout.answer_vocab = True
-    c.rollout.prompt = "compact"
-    c.optim.lr = 1e-3
-    c.optim.critic_lr = 1e-3
-    c.optim.weight_decay = 0.0
-    # Each episode weighs the same whatever its length.
-    c.algo.loss_agg = "seq-mean-token-mean"
-    # One update length: its episodes nearly fill the trimmed contexts, so
-    # a shorter bucket would never run, and each costs a compile.
-    c.algo.length_buckets = 1
-    if args["algo"] in ("starpo_s", "starpo_s2"):
-      # NOT the preset's critic: StarPO-S's filter, clipping and KL with
-      # group-relative advantages (GRPO) for the tiny model; the run's
-      # first lines say so ("algorithm: grpo advantages"). Why:
-      # docs/results.md, "Why these settings".
-      c.algo.adv_estimator = "grpo"
-  elif args["model"] == "smollm2-135m":
-    # A pretrained 135M model sized for a CPU: float32 (XLA:CPU computes
-    # bfloat16 matmuls no faster), whole layers recomputed in the backward
-    # pass (faster here than keeping them: 131 against 153 s a FrozenLake
-    # step, and 16 GB less).
-    c.model.remat = "full"
-    # Group-relative advantages: a critic would be a second 135M model to
-    # run and train on two cores. The comparison between presets is of
-    # what StarPO-S changes (filter, clipping, KL), the same for both.
-    c.algo.adv_estimator = "grpo"
-  else:
-    c.model.dtype = "bfloat16"
-    c.model.param_dtype = "bfloat16"
-    c.model.remat = "full"

@@ -26,8 +26,7 @@ def get_config(arg=None):
   args = common.parse_arg(arg, tools="")
   c = common.base_config()
   c.env.name = "countdown"
-  common.apply_preset(c, args["algo"])
-  common.apply_model(c, args)
+  common.apply_presets(c, args)
   common.single_turn(c, args["algo"])
   if args["tools"]:
     # Up to two calls, each a turn, before the answer.

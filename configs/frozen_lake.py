@@ -13,8 +13,7 @@ def get_config(arg=None):
   c = common.base_config()
   c.env.name = "frozen_lake"
   c.env.kwargs.success_rate = 1.0
-  common.apply_preset(c, args["algo"])
-  common.apply_model(c, args)
+  common.apply_presets(c, args)
   c.rollout.max_turns = 5
   c.rollout.max_actions_per_turn = 2
   c.rollout.max_actions_per_traj = 10

@@ -28,8 +28,7 @@ def get_config(arg=None):
     "is_slippery": False,
     "max_obs_tokens": 64,
   }
-  common.apply_preset(c, args["algo"])
-  common.apply_model(c, args)
+  common.apply_presets(c, args)
   c.sft.steps = 0
   c.rollout.max_turns = 5
   c.rollout.max_actions_per_turn = 2

@@ -35,8 +35,7 @@ def get_config(arg=None):
   c.env.kwargs.split = "train[:90%]"
   c.env.kwargs.turns = 2
   c.env.eval_kwargs.split = "train[90%:]"
-  common.apply_preset(c, args["algo"])
-  common.apply_model(c, args)
+  common.apply_presets(c, args)
   c.rollout.max_turns = 2
   c.rollout.max_actions_per_turn = 1
   c.rollout.max_actions_per_traj = 2

@@ -98,15 +98,20 @@ def from_mapping(cls: type, values: Mapping[str, Any], name: str) -> Any:
     hint = hints[key]
     if dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
       value = from_mapping(hint, value, f"{name}.{key}")
-    elif (hint is tuple or get_origin(hint) is tuple) and isinstance(
-      value, list
-    ):
-      value = tuple(value)
+    elif hint is tuple or get_origin(hint) is tuple:
+      value = _tuples(value)
     kwargs[key] = value
   try:
     return cls(**kwargs)
   except TypeError as e:
     raise ValueError(f"{name}: {e}") from None
+
+
+def _tuples(value: Any) -> Any:
+  """Lists (as JSON holds tuples) made tuples again, nested ones too."""
+  if isinstance(value, list | tuple):
+    return tuple(_tuples(v) for v in value)
+  return value
 
 
 def defaults(cls: type) -> dict[str, Any]:

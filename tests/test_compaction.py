@@ -147,7 +147,7 @@ def test_the_compacted_step_equals_the_masked_step(name):
 
 def test_compacted_grpo_advantages_come_from_the_held_groups():
   setup = played()[0]
-  grpo = dataclasses.replace(setup.algo, adv_estimator="grpo")
+  grpo = dataclasses.replace(setup.config.algo, adv_estimator="grpo")
   cfg = filtering.FilterConfig(strategy="top_k", value=0.5)
   got = train_on(cfg, grpo)
   want = train_on(dataclasses.replace(cfg, capacity=GROUPS), grpo)
@@ -239,10 +239,10 @@ def test_bucket_lengths():
 def test_the_bucketed_update_equals_the_full_length_one():
   setup = played()[0]
   cfg = filtering.FilterConfig(strategy="top_k", value=0.5)
-  bucketed = dataclasses.replace(setup.algo, length_buckets=3)
+  bucketed = dataclasses.replace(setup.config.algo, length_buckets=3)
   got, want = train_on(cfg, bucketed), train_on(cfg)
   length = np.asarray(got[2]["length"]).ravel()[0]
-  assert length < setup.rollout_cfg.max_context  # a shorter bucket ran
+  assert length < setup.config.rollout.max_context  # a shorter bucket ran
   assert np.asarray(want[2]["length"]).ravel()[0] == 384
   assert_same_update(got, want)
 
@@ -291,7 +291,7 @@ def test_batches_needing_other_buckets_reuse_one_compile():
   for want_len, batch in batches.items():
     got, got_stats = update(state, setup.codec, batch, keep, key)
     assert int(np.asarray(got_stats["length"]).ravel()[0]) == want_len
-    assert want_len < setup.rollout_cfg.max_context
+    assert want_len < setup.config.rollout.max_context
     want = full_update(state, setup.codec, batch, keep, key)
     assert_same_update((None, got, got_stats), (None, *want))
 

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import common, sokoban
+from configs import sokoban
 from starpo_jax.agent import rollout
 from starpo_jax.algo import filtering
-from starpo_jax.run import assembly
+from starpo_jax.run import assembly, presets
 
 # In-group reward standard deviations of eight hand-made groups.
 SPREAD = [0.0, 0.5, 3.0, 0.0, 1.0, 2.0, 0.25, 0.0]
@@ -53,7 +53,7 @@ def test_presets_keep_the_groups_their_names_promise(preset, scores, want):
 
 def test_every_preset_is_pinned():
   tested = {"starpo", "starpo_s", "starpo_s2", "grpo", "dapo"}
-  assert set(common.PRESETS) == tested
+  assert set(presets.ALGORITHMS) == tested
 
 
 def test_starpo_s_drops_the_kl_term_and_clips_higher():
@@ -81,6 +81,6 @@ def test_new_environment_configs_build(name, arg, env):
   config = importlib.import_module(f"configs.{name}").get_config(arg)
   setup = assembly.build(config)
   assert setup.env.spec.name == env
-  cfg = setup.rollout_cfg
+  cfg = setup.config.rollout
   need = rollout.context_needed(setup.codec, cfg, cfg.max_turns)
   assert need <= cfg.max_context, (need, cfg.max_context)

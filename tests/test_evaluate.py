@@ -104,7 +104,7 @@ def test_transcripts_replay_in_the_plain_python_rules(run_dir, evaluated):
   config = assembly.load_config(run_dir)
   setup = assembly.build(config)
   cfg = dataclasses.replace(
-    setup.rollout_cfg, env_groups=LEVELS, group_size=SAMPLES
+    setup.config.rollout, env_groups=LEVELS, group_size=SAMPLES
   )
   key = rollout.reset_key(evaluator.held_out_key(config.seed))
   states = to_numpy(rollout.reset(setup.env, cfg, key))

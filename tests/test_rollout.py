@@ -18,7 +18,7 @@ from reference import envs as ref_envs
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
 from starpo_jax.algo.experts import ScriptedPolicy
-from starpo_jax.models import sampling, transformer
+from starpo_jax.models import presets, sampling, transformer
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import TRACES, counted
 from tests.text_fixtures import TOKENIZERS
@@ -326,9 +326,7 @@ def test_recorded_logprobs_equal_an_uncached_forward(temperature):
   )
   env, play = runner("sokoban", cfg)
   codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
-  model = transformer.create(
-    transformer.preset("tiny", vocab_size=tok.vocab_size)
-  )
+  model = transformer.create(presets.preset("tiny", vocab_size=tok.vocab_size))
   traj = play(model, codec, jax.random.key(2))
   logits = jax.jit(lambda m, t: m(t)[0])(model, traj.tokens)
   logp = sampling.policy_logprobs(logits, temperature)[:, :-1]
@@ -403,9 +401,7 @@ def test_rollout_of_128_episodes_compiles_once_without_host_callbacks():
     max_context=640,
   )
   codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
-  model = transformer.create(
-    transformer.preset("tiny", vocab_size=tok.vocab_size)
-  )
+  model = transformer.create(presets.preset("tiny", vocab_size=tok.vocab_size))
   fn = counted("rollout128", lambda m, c, k: rollout.rollout(m, c, env, cfg, k))
   play = jax.jit(fn)
   first = play(model, codec, jax.random.key(0))
@@ -464,9 +460,7 @@ def test_a_rollout_in_chunks_plays_the_same_episodes():
     temperature=0.0,
   )
   codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
-  model = transformer.create(
-    transformer.preset("tiny", vocab_size=tok.vocab_size)
-  )
+  model = transformer.create(presets.preset("tiny", vocab_size=tok.vocab_size))
   whole = to_numpy(runner("sokoban", cfg)[1](model, codec, jax.random.key(3)))
   assert whole.loss_mask.sum() > 40
   for chunks in (2, 4):

@@ -14,7 +14,8 @@ from configs import common, sokoban
 from starpo_jax import settings
 from starpo_jax.agent import codec
 from starpo_jax.algo import advantages
-from starpo_jax.models import attention, lora, transformer
+from starpo_jax.models import attention, lora, presets
+from starpo_jax.models import config as model_config
 from starpo_jax.run import assembly, sections
 
 
@@ -59,10 +60,10 @@ def test_every_setting_refuses_a_value_of_the_wrong_type_or_choice(
 
 def test_every_setting_has_a_default_the_section_accepts():
   c = common.base_config()
-  typed = assembly.check_sections(c)
-  assert set(typed) == set(sections.SECTIONS)
+  typed = assembly.parse(c)
+  assert typed == sections.RunConfig()
   for name, cls in sections.SECTIONS.items():
-    assert typed[name] == cls()
+    assert getattr(typed, name) == cls()
 
 
 def test_unknown_settings_and_sections_are_named():
@@ -74,8 +75,10 @@ def test_unknown_settings_and_sections_are_named():
     )
   c = sokoban.get_config(None)
   c.optimizer = {"lr": 1.0}
-  with pytest.raises(assembly.ConfigError, match="unknown sections"):
-    assembly.check_sections(c)
+  with pytest.raises(
+    assembly.ConfigError, match=r"config: unknown settings \['optimizer'\]"
+  ):
+    assembly.parse(c)
 
 
 def test_a_float_setting_takes_an_int_and_a_tuple_a_json_list():
@@ -96,12 +99,12 @@ def choices(cls, name):
 def test_the_choices_are_what_the_code_implements():
   algo = sections.SECTIONS["algo"]
   assert choices(algo, "adv_estimator") == set(advantages.ESTIMATORS)
-  model = sections.ModelSettings
-  assert choices(model, "preset") == set(transformer.PRESETS)
+  model = presets.ModelSettings
+  assert choices(model, "preset") == set(presets.PRESETS)
   assert choices(model, "attention") == set(attention.IMPLEMENTATIONS)
-  assert choices(model, "dtype") == set(transformer.DTYPES)
-  assert choices(model, "remat") == set(transformer.REMAT_POLICIES)
-  assert choices(sections.LoraSettings, "quantize") == {"", *lora.QTYPES}
+  assert choices(model, "dtype") == set(model_config.DTYPES)
+  assert choices(model, "remat") == set(model_config.REMAT_POLICIES)
+  assert choices(model_config.LoraConfig, "quantize") == {"", *lora.QTYPES}
   rollout = sections.SECTIONS["rollout"]
   assert choices(rollout, "prompt") == set(codec.PROMPT_STYLES)
 
@@ -121,4 +124,3 @@ def test_a_run_saved_before_a_setting_existed_loads_with_its_default(
   assert loaded.model.lora.rank == 0 and loaded.train.profile == ""
   assert loaded.algo.length_buckets == 4
   assert loaded.rollout.max_context == 320  # what it saved stays
-  assembly.check_sections(loaded)

@@ -43,7 +43,7 @@ def small(config, **overrides):
 def expert_episodes(setup, key, expert: str = "planner"):
   """The settings the warm start's episodes for ``setup`` ran with, the
   episodes and whether the expert had actions for each level."""
-  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
+  cfg = sft.episodes_config(setup.config.rollout, setup.config.sft, setup.codec)
   replies = experts.Replies.build(setup.tokenizer, setup.env.spec)
   traj, found = jax.jit(
     lambda codec, key: experts.expert_trajectories(
@@ -53,7 +53,7 @@ def expert_episodes(setup, key, expert: str = "planner"):
       cfg,
       key,
       expert=expert,
-      tries=setup.sft_cfg.search_tries,
+      tries=setup.config.sft.search_tries,
     )
   )(setup.codec, key)
   return cfg, traj, found
@@ -225,7 +225,7 @@ def test_own_reasoning_stops_before_think_close_and_stop_tokens():
   width = max(len(x) for x in scripts)
   table = np.asarray([x + [tok.eos_id] * (width - len(x)) for x in scripts])
   cfg = dataclasses.replace(
-    sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, codec),
+    sft.episodes_config(setup.config.rollout, setup.config.sft, codec),
     env_groups=3,
   )
   policy = experts.ScriptedPolicy(
@@ -249,7 +249,7 @@ def test_own_reasoning_stops_before_think_close_and_stop_tokens():
 def test_think_mode_experts_reason_then_answer_in_the_format():
   setup = think_setup()
   tok = setup.tokenizer
-  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
+  cfg = sft.episodes_config(setup.config.rollout, setup.config.sft, setup.codec)
   replies = experts.Replies.build(tok, setup.env.spec, True)
   reasoning = np.tile(np.asarray(tok.encode("I push it up")), (cfg.batch, 1))
   length = np.arange(cfg.batch) % (reasoning.shape[1] + 1)
@@ -293,7 +293,7 @@ def test_think_mode_imitates_reasoning_and_answer():
   setup = think_setup()
   learner = assembly.make_learner(setup)
   state = assembly.init_state(setup, learner)
-  cfg = sft.episodes_config(setup.rollout_cfg, setup.sft_cfg, setup.codec)
+  cfg = sft.episodes_config(setup.config.rollout, setup.config.sft, setup.codec)
   replies = experts.Replies.build(setup.tokenizer, setup.env.spec, True)
   key = jax.random.key(4)
 
@@ -331,7 +331,7 @@ def test_think_mode_reasoning_comes_from_the_initial_policy():
   # The state keeps the initial policy (no KL here), and the warm start
   # leaves it as it was while the policy learns.
   setup = think_setup()
-  assert setup.algo.kl_coef == 0
+  assert setup.config.algo.kl_coef == 0
   learner = assembly.make_learner(setup)
   state = assembly.init_state(setup, learner)
   assert assembly.keeps_reference(setup, learner)
@@ -489,9 +489,9 @@ def test_keeping_successes_imitates_only_the_episodes_that_succeeded():
     learner.policy_def,
     t,
     cfg.max_generated,
-    setup.rollout_cfg.temperature,
+    setup.config.rollout.temperature,
     setup.codec.allowed,
-    setup.algo.logits_chunk,
+    setup.config.algo.logits_chunk,
     keep,
   )[0]
   kept = loss(traj, traj.success)
@@ -513,7 +513,7 @@ def test_search_imitates_the_first_moves_of_a_success_it_found():
   states = to_numpy(rollout.reset(setup.env, cfg, rollout.reset_key(key)))
   # Two random episodes a level: some levels have no success to imitate.
   assert 0 < found.sum() < EPISODES
-  budget = setup.rollout_cfg.max_actions_per_traj
+  budget = setup.config.rollout.max_actions_per_traj
   for b in np.flatnonzero(found):
     peer = peer_of("frozen_lake", setup.env.jittable, index(states, b))
     (reply,) = replies_of(traj, setup.tokenizer, b)
@@ -525,5 +525,6 @@ def test_search_imitates_the_first_moves_of_a_success_it_found():
     assert peer.player not in peer.holes
     rest = dataclasses.replace(peer, start=peer.player)
     assert (
-      len(actions) + shortest("frozen_lake", setup.env.jittable, None, rest) <= budget
+      len(actions) + shortest("frozen_lake", setup.env.jittable, None, rest)
+      <= budget
     )

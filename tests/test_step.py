@@ -81,7 +81,7 @@ class Real:
       params,
       self.learner.policy_def,
       batch,
-      algo or s.algo,
+      algo or s.config.algo,
       self.spec.distribution(s.codec),
     )
 
@@ -174,7 +174,7 @@ def test_filtered_out_groups_are_masked_and_give_no_gradient(real):
 
 
 def test_the_entropy_bonus_raises_entropy(real):
-  algo = dataclasses.replace(real.setup.algo, entropy_coef=1.0)
+  algo = dataclasses.replace(real.setup.config.algo, entropy_coef=1.0)
   batch = real.batch.replace(advantages=jnp.zeros_like(real.batch.advantages))
   entropy = jax.jit(lambda p: real.objective(p, batch, algo)[1]["entropy"])
   grad = jax.jit(jax.grad(lambda p: real.objective(p, batch, algo)[0]))
@@ -186,7 +186,7 @@ def test_the_entropy_bonus_raises_entropy(real):
 
 
 def test_gae_on_a_real_rollout_matches_numpy(real):
-  algo, b = real.setup.algo, real.batch
+  algo, b = real.setup.config.algo, real.batch
   assert algo.adv_estimator == "gae" and algo.uses_critic
   rewards = np.asarray(real.prepared.held.rewards)
   values, mask = np.asarray(b.values), np.asarray(b.mask)
@@ -205,7 +205,7 @@ def test_estimators_with_discounts_on_a_real_rollout_match_numpy(real, name):
   turn_end = np.asarray(s.turn_end) & mask
   assert turn_end.sum() >= mask.any(axis=1).sum()  # a turn end per episode
   settings = dataclasses.replace(
-    real.setup.algo, gamma=0.9, lam=0.8, turn_gamma=0.7
+    real.setup.config.algo, gamma=0.9, lam=0.8, turn_gamma=0.7
   )
   inputs = adv_lib.Inputs(
     rewards=s.rewards,
@@ -229,12 +229,12 @@ def test_value_loss_and_explained_variance_match_numpy(real):
   ret, values = np.asarray(b.returns), np.asarray(b.values)
   loss, stats = jax.jit(
     lambda p: update_lib.critic_objective(
-      p, real.learner.critic_def, b, real.setup.algo
+      p, real.learner.critic_def, b, real.setup.config.algo
     )
   )(real.state.critic)
   # At the rollout's own critic the new values are the old ones: no clip.
   # The tiny configs average per episode, then over episodes.
-  assert real.setup.algo.loss_agg == "seq-mean-token-mean"
+  assert real.setup.config.algo.loss_agg == "seq-mean-token-mean"
   per_token = np.where(mask, np.square(values - ret), 0.0)
   rows = mask.any(axis=1)
   per_seq = per_token.sum(1)[rows] / mask.sum(1)[rows]
@@ -261,7 +261,7 @@ def test_the_update_steps_policy_and_critic_downhill(real):
     (lambda p: real.objective(p, real.batch)[0], "policy"),
     (
       lambda p: update_lib.critic_objective(
-        p, real.learner.critic_def, real.batch, real.setup.algo
+        p, real.learner.critic_def, real.batch, real.setup.config.algo
       )[0],
       "critic",
     ),
@@ -279,7 +279,7 @@ def test_micro_batches_give_the_whole_batchs_loss_and_gradient(
 ):
   # The batch holds the kept group and the dropped one: with 2 micro-batches
   # one may have nothing to train on (its weight is then 0).
-  algo = dataclasses.replace(real.setup.algo, loss_agg=aggregation)
+  algo = dataclasses.replace(real.setup.config.algo, loss_agg=aggregation)
 
   def at_once(micro):
     fn = update_lib.batch_gradients(
@@ -537,7 +537,7 @@ def test_the_gradient_split_adds_up_to_the_objective_and_follows_the_filter(
   real,
 ):
   s = real.setup
-  algo = dataclasses.replace(s.algo, entropy_coef=0.05)
+  algo = dataclasses.replace(s.config.algo, entropy_coef=0.05)
   spec = dataclasses.replace(real.spec, algo=algo)
   dist = spec.distribution(s.codec)
 

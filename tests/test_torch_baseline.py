@@ -54,7 +54,7 @@ def _batch(pair, seed=0):
 
 def test_loss_and_gradient_norm_agree_with_the_jax_step(pair):
   tokens, positions, mask, old_logp, adv = _batch(pair)
-  algo, cfg = pair.setup.algo, pair.torch_cfg
+  algo, cfg = pair.setup.config.algo, pair.torch_cfg
   allowed = pair.setup.codec.allowed
 
   def jax_loss(params):

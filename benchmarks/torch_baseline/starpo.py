@@ -74,8 +74,8 @@ class Config:
   @classmethod
   def from_setup(cls, setup: Any) -> Config:
     """The settings of a ``starpo_jax.assembly.Setup``."""
-    r, a, o = setup.rollout_cfg, setup.algo, setup.config.optim
-    f = setup.filter_cfg
+    r, a, o = setup.config.rollout, setup.config.algo, setup.config.optim
+    f = setup.config.filter
     if not f.keeps_everything and (
       (f.metric, f.strategy, f.largest, f.include_zero, f.loss_scaling)
       != ("reward_std", "top_k", True, True, "none")

@@ -22,6 +22,7 @@ measurement.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -180,9 +181,9 @@ def check(
   from starpo_jax.models import attention
   from starpo_jax.run import assembly
 
-  config = config.copy_and_resolve_references()
-  with config.unlocked():
-    config.mesh.shape = shape
+  config = dataclasses.replace(
+    config, mesh=dataclasses.replace(config.mesh, shape=shape)
+  )
   setup = assembly.build(config, shapes_only=True, devices=devices)
   learner = assembly.make_learner(setup)
   state = assembly.abstract_state(setup, learner)
@@ -237,7 +238,7 @@ def check(
     "peak_bytes": peak,
     "hbm_bytes": HBM.get(kind),
     "code_bytes": field("generated_code_size_in_bytes"),
-    **_work(compiled, setup.rollout_cfg, kind),
+    **_work(compiled, setup.config.rollout, kind),
   }
 
 
@@ -360,7 +361,9 @@ def report(r: dict) -> str:
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = _CONFIG.value
+  from starpo_jax.run import assembly
+
+  config = assembly.parse(_CONFIG.value)
   shapes = [_parse_mesh(m) for m in _MESH.value]
   if not shapes:
     if -1 in tuple(config.mesh.shape):

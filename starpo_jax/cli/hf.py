@@ -22,7 +22,8 @@ import sys
 from flax import nnx
 
 from starpo_jax.cli import verify as verify_lib
-from starpo_jax.models import checkpoints, gguf, hf, transformer
+from starpo_jax.models import checkpoints, gguf, hf
+from starpo_jax.models import config as model_config
 from starpo_jax.run import assembly
 
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
   )
   e.add_argument("out", help="the directory to write")
   e.add_argument("--step", type=int, help="default: the latest checkpoint")
-  e.add_argument("--dtype", choices=transformer.DTYPES)
+  e.add_argument("--dtype", choices=model_config.DTYPES)
   args = parser.parse_args(argv)
   try:
     if args.command == "export":

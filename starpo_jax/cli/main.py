@@ -28,7 +28,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from starpo_jax.cli import app as cli_app
-from starpo_jax.run import preemption, train
+from starpo_jax.run import assembly, preemption, train
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Training configuration file.", lock_config=True
@@ -71,7 +71,7 @@ def main(argv) -> None:
   # Checkpointing libraries log every save at INFO.
   logging.set_verbosity(logging.WARNING)
   initialize_distributed()
-  config = _CONFIG.value
+  config = assembly.parse(_CONFIG.value)
   workdir = _WORKDIR.value or os.path.join("runs", config.env.name)
   summary = train.run(config, workdir)
   if summary["preempted"]:

@@ -17,8 +17,9 @@ from typing import Any
 
 from starpo_jax.models import gguf, hf
 from starpo_jax.models import tokenizer as tokenizer_lib
+from starpo_jax.models.config import ModelConfig
 from starpo_jax.models.hf import CheckpointError
-from starpo_jax.models.transformer import ModelConfig, Transformer
+from starpo_jax.models.transformer import Transformer
 
 
 @dataclasses.dataclass(frozen=True)

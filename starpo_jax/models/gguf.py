@@ -24,10 +24,12 @@ import numpy as np
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
-from starpo_jax.models import hf, transformer
+from starpo_jax.models import config as model_config
+from starpo_jax.models import hf
 from starpo_jax.models import tokenizer as tokenizer_lib
+from starpo_jax.models.config import ModelConfig
 from starpo_jax.models.hf import CheckpointError
-from starpo_jax.models.transformer import ModelConfig, Transformer
+from starpo_jax.models.transformer import Transformer
 
 # GGUF tensor names and the Hugging Face names they stand for.
 _GLOBAL = {
@@ -126,7 +128,7 @@ class GGUFFile:
         "only whole heads are supported"
       )
     try:
-      return transformer.validate(
+      return model_config.validate(
         ModelConfig(
           vocab_size=self.shape("model.embed_tokens.weight")[0],
           hidden_size=hidden,

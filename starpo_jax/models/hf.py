@@ -25,8 +25,10 @@ import ml_dtypes
 import numpy as np
 from flax import nnx, traverse_util
 
-from starpo_jax.models import lora, transformer
-from starpo_jax.models.transformer import ModelConfig, RopeScaling, Transformer
+from starpo_jax.models import config as model_config
+from starpo_jax.models import lora
+from starpo_jax.models.config import ModelConfig, RopeScaling
+from starpo_jax.models.transformer import Transformer
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
 _MODEL_TYPES = {"qwen2": "qwen2", "llama": "llama"}
@@ -104,7 +106,7 @@ def config_from_hf(hf: dict[str, Any], where: str) -> ModelConfig:
     raise CheckpointError(f"{where}: rope type {kind!r} is not supported")
   dtype = hf.get("dtype", hf.get("torch_dtype", "float32"))
   eos = hf.get("eos_token_id")
-  return transformer.validate(
+  return model_config.validate(
     ModelConfig(
       vocab_size=need("vocab_size"),
       hidden_size=need("hidden_size"),
@@ -445,7 +447,7 @@ def load_tensors(
     param_dtype=param_dtype or cfg.param_dtype,
     value_head=value_head,
   )
-  cfg = transformer.validate(cfg)
+  cfg = model_config.validate(cfg)
   with nnx.use_eager_sharding(False):
     abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
@@ -537,9 +539,9 @@ def save(
   """
   cfg = model.cfg
   dtype = dtype or cfg.param_dtype
-  if dtype not in transformer.DTYPES:
+  if dtype not in model_config.DTYPES:
     raise ValueError(
-      f"save: dtype={dtype!r}; expected one of {transformer.DTYPES}"
+      f"save: dtype={dtype!r}; expected one of {model_config.DTYPES}"
     )
   np_dtype = np.dtype(jnp.dtype(dtype))
   os.makedirs(path, exist_ok=True)

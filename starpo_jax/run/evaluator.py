@@ -30,6 +30,7 @@ from starpo_jax.algo import diagnostics
 from starpo_jax.algo.state import Learner
 from starpo_jax.models.tokenizer import Tokenizer
 from starpo_jax.run import assembly
+from starpo_jax.run.sections import RunConfig
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96):
@@ -297,7 +298,7 @@ def _policy(
 
 
 def _counts(
-  config: Any,
+  config: RunConfig,
   episodes: int | None,
   samples: int,
   temperatures: tuple[float, ...] | None,
@@ -326,8 +327,9 @@ def evaluate_checkpoint(
   transcripts: int = 8,
 ) -> dict[str, Any]:
   """Evaluates the policy of ``source``'s checkpoint at ``step`` (default:
-  the latest) under ``config`` and writes the summary and transcripts to
-  ``out`` (default ``source/eval/step{N}``). Without a ``source``, the
+  the latest) under ``config`` (a ``ConfigDict`` or ``RunConfig``) and
+  writes the summary and transcripts to ``out`` (default
+  ``source/eval/step{N}``). Without a ``source``, the
   config's initial policy (a pretrained model's zero-shot play), written
   by default to ``runs/{env}/eval/initial-{model}``. Episode and
   temperature defaults are the config's ``train.eval_episodes`` and
@@ -337,7 +339,7 @@ def evaluate_checkpoint(
     assembly.ConfigError: a bad setting, no checkpoint, or one that does not
       fit the config's model.
   """
-
+  config = assembly.parse(config)
   episodes, temperatures = _counts(config, episodes, samples, temperatures)
   setup = assembly.build(config)
   learner = assembly.make_learner(setup)
@@ -406,7 +408,7 @@ def make_evaluator(
   return Evaluator(
     envs=setup.eval_envs,
     codecs=setup.eval_codecs,
-    rollout_cfg=setup.rollout_cfg,
+    rollout_cfg=setup.config.rollout,
     policy_def=learner.policy_def,
     episodes=pick(episodes, t.eval_episodes),
     temperatures=tuple(pick(temperatures, t.eval_temperatures)),

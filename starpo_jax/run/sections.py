@@ -1,16 +1,18 @@
-"""The run's own config sections: ``env``, ``model`` (with ``model.lora``),
-``optim``, ``train`` and ``mesh``. The step's sections live beside the
-code that reads them (``rollout``: ``agent/rollout.py``; ``algo``:
-``algo/config.py``; ``filter``, ``sft``, ``diagnostics``; ``train.early_stop``:
-``run/stopping.py``). ``SECTIONS`` names them all; ``configs/common.py``
-takes every default from them, ``assembly.build`` checks a config through
-them (``starpo_jax/settings.py``).
+"""The run's config as one typed, frozen ``RunConfig``: the run's own
+sections (``env``, ``optim``, ``train``, ``mesh``) are here; the others
+live beside the code that reads them (``model``: ``models/presets.py``,
+with ``model.lora``: ``models/config.py``; ``rollout``:
+``agent/rollout.py``; ``algo``: ``algo/config.py``; ``filter``, ``sft``,
+``diagnostics``; ``train.early_stop``: ``run/stopping.py``).
+``configs/common.py`` takes every default from them; ``assembly.parse``
+turns a config file's ``ConfigDict`` into a ``RunConfig``
+(``starpo_jax/settings.py`` checks each field).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+import typing
 
 from starpo_jax import settings
 from starpo_jax.agent.rollout import RolloutConfig
@@ -18,10 +20,9 @@ from starpo_jax.algo.config import AlgoConfig
 from starpo_jax.algo.diagnostics import DiagnosticsConfig
 from starpo_jax.algo.filtering import FilterConfig
 from starpo_jax.algo.sft import SftConfig
+from starpo_jax.models.presets import ModelSettings
 from starpo_jax.run import metrics
 from starpo_jax.run.stopping import StopConfig
-
-Dtype = Literal["float32", "bfloat16"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,74 +37,6 @@ class EnvConfig:
 
   def __post_init__(self) -> None:
     settings.check(self, "env")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraSettings:
-  """LoRA adapters (``models/lora.py``): ``rank > 0`` trains only low-rank
-  adapters on each layer's projections named by ``targets`` (a regular
-  expression over a layer's modules: "attn" is q, k, v, o; "mlp" is gate,
-  up, down), the weights frozen and serving as the reference policy
-  (adapters off)."""
-
-  rank: int = 0
-  alpha: float = 16.0  # adapters scale by alpha / rank
-  targets: str = "attn|mlp"
-  # The critic, where used: its own adapters and value head on the policy's
-  # frozen weights ("adapters": no second model, nor its moments), or a
-  # whole model of its own, trained whole ("full").
-  critic: Literal["adapters", "full"] = "adapters"
-  # QLoRA: the targeted weights stored quantized (qwix), in tiles of
-  # tile_size along the contracted axis (0: per channel); "": not quantized.
-  quantize: Literal["", "int8", "int4", "nf4"] = ""
-  tile_size: int = 0
-
-  def __post_init__(self) -> None:
-    settings.check(self, "model.lora")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSettings:
-  """The policy (and critic) model: a Hugging Face checkpoint, or a preset
-  (``models/transformer.py``; "tiny" takes the shape below and trains on a
-  CPU). Named apart from ``transformer.ModelConfig``, the architecture
-  these settings resolve to."""
-
-  preset: Literal[
-    "tiny",
-    "qwen2.5-0.5b",
-    "qwen2.5-1.5b",
-    "qwen2.5-3b",
-    "qwen2.5-7b",
-    "llama-3.2-1b",
-    "llama-3.2-3b",
-    "smollm2-135m",
-  ] = "tiny"
-  # A Hugging Face directory or a GGUF file; empty: random weights, or for
-  # a packaged preset (smollm2-135m) the file its package installed.
-  ckpt: str = ""
-  # A tokenizer.json directory; empty: the checkpoint's, or for "tiny" a
-  # compact tokenizer of the environment's words.
-  tokenizer: str = ""
-  dtype: Dtype = "float32"  # activations
-  param_dtype: Dtype = "float32"
-  # What the backward pass recomputes instead of storing: nothing, matmul
-  # outputs are kept ("dots"), or only each layer's input ("full").
-  remat: Literal["none", "dots", "full"] = "none"
-  # The training attention kernel: the platform's fused one ("auto"), the
-  # CPU's query-block kernel, cuDNN (GPU, bfloat16), splash (TPU) or XLA's.
-  attention: Literal["auto", "xla", "blockwise", "cudnn", "splash"] = "auto"
-  lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
-  # The tiny model's shape (preset "tiny" only).
-  hidden_size: int = 128
-  num_layers: int = 2
-  num_heads: int = 4
-  num_kv_heads: int = 2
-  head_dim: int = 32
-  intermediate_size: int = 384
-
-  def __post_init__(self) -> None:
-    settings.check(self, "model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,16 +108,49 @@ class MeshConfig:
     settings.check(self, "mesh")
 
 
+# Which mesh axis shards each logical axis of the parameters.
+LOGICAL_AXIS_RULES = (
+  ("layers", None),
+  ("vocab", "tensor"),
+  ("embed", "fsdp"),
+  ("mlp", "tensor"),
+  ("heads", "tensor"),
+  ("kv", "tensor"),
+  ("head_dim", None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """A whole run's settings, typed and frozen: what the code reads once
+  the config file and its overrides are parsed (``assembly.parse``).
+  ``presets`` names the presets the config file applied
+  (``run/presets.py``): parsing says which of their settings an explicit
+  one overrides."""
+
+  seed: int = 0
+  env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+  model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
+  rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+  algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
+  filter: FilterConfig = dataclasses.field(default_factory=FilterConfig)
+  sft: SftConfig = dataclasses.field(default_factory=SftConfig)
+  diagnostics: DiagnosticsConfig = dataclasses.field(
+    default_factory=DiagnosticsConfig
+  )
+  optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  logical_axis_rules: tuple[tuple[str | None, ...], ...] = LOGICAL_AXIS_RULES
+  presets: tuple[str, ...] = ()
+
+  def __post_init__(self) -> None:
+    settings.check(self, "config")
+
+
 # Every section of a config, by its key.
 SECTIONS = {
-  "env": EnvConfig,
-  "model": ModelSettings,
-  "rollout": RolloutConfig,
-  "algo": AlgoConfig,
-  "filter": FilterConfig,
-  "sft": SftConfig,
-  "diagnostics": DiagnosticsConfig,
-  "optim": OptimConfig,
-  "train": TrainConfig,
-  "mesh": MeshConfig,
+  name: hint
+  for name, hint in typing.get_type_hints(RunConfig).items()
+  if dataclasses.is_dataclass(hint)
 }

@@ -17,7 +17,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from starpo_jax import sharding
 from starpo_jax.algo import diagnostics
@@ -28,6 +27,7 @@ from starpo_jax.run import (
   checkpoint,
   evaluator,
   preemption,
+  presets,
   stopping,
 )
 from starpo_jax.run import metrics as metrics_lib
@@ -60,7 +60,7 @@ class _Run:
     c = setup.config
     self.setup, self.workdir = setup, workdir
     self.primary = jax.process_index() == 0
-    self.sft_steps = setup.sft_cfg.steps
+    self.sft_steps = setup.config.sft.steps
     self.total = self.sft_steps + c.train.steps
     warm_start_end = (self.sft_steps,) if self.sft_steps else ()
     self.ckpt = checkpoint.Checkpointer(
@@ -70,7 +70,7 @@ class _Run:
     )
     self.writer = metrics_lib.MetricWriter(workdir, enabled=self.primary)
     self.progress = metrics_lib.Progress(self.total, enabled=self.primary)
-    self.profile = metrics_lib.Profile(c.train.get("profile", ""), workdir)
+    self.profile = metrics_lib.Profile(c.train.profile, workdir)
     self.evaluator = (
       evaluator.make_evaluator(setup, learner) if self.every else None
     )
@@ -85,12 +85,8 @@ class _Run:
     replaces nothing), with the paths it reads from absolute."""
     if not self.primary:
       return
-    c = self.setup.config.copy_and_resolve_references()
-    for section, key in assembly.PATHS:
-      if c[section][key]:
-        c[section][key] = os.path.abspath(c[section][key])
     with open(os.path.join(self.workdir, assembly.CONFIG_FILE), "w") as f:
-      f.write(c.to_json_best_effort(indent=1, sort_keys=True))
+      f.write(assembly.to_json(self.setup.config))
 
   @property
   def every(self) -> int:
@@ -217,11 +213,12 @@ def _evaluate_start(r: _Run, state: TrainState, t_run: float) -> None:
 
 def brief(setup: assembly.Setup, parameters: int, workdir: str) -> list[str]:
   """What a run is about to do, in a few lines."""
-  c, rc, algo, f = setup.config, setup.rollout_cfg, setup.algo, setup.filter_cfg
+  c = setup.config
+  rc, algo, f = c.rollout, c.algo, c.filter
   m = setup.model_cfg
   steps = f"{c.train.steps} RL steps"
-  if setup.sft_cfg.steps:
-    steps = f"{setup.sft_cfg.steps} warm-start steps, then {steps}"
+  if c.sft.steps:
+    steps = f"{c.sft.steps} warm-start steps, then {steps}"
   kept = (
     "every group"
     if f.strategy == "top_p" and f.value >= 1
@@ -251,6 +248,7 @@ def brief(setup: assembly.Setup, parameters: int, workdir: str) -> list[str]:
       subsequent_indent="  ",
       break_on_hyphens=False,
     ),
+    *presets.notes(c),
     f"writing to {workdir}; every setting, resolved: "
     f"{os.path.join(workdir, assembly.CONFIG_FILE)}",
   ]
@@ -271,9 +269,10 @@ def _host_metrics(metrics: dict[str, Any], t0: float) -> dict[str, float]:
   return out
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def run(config: Any, workdir: str) -> dict[str, Any]:
   """Runs ``config.sft.steps`` warm-start steps, then ``config.train.steps``
-  RL steps, resuming from ``workdir``.
+  RL steps, resuming from ``workdir`` (``config``: a ``ConfigDict`` or a
+  parsed ``RunConfig``).
 
   Returns:
     The final summary: steps, last metrics, held-out success by step.
@@ -305,7 +304,7 @@ def _start_rl(setup: assembly.Setup, learner: Learner, state: Any) -> Any:
   optimizer moments; its KL reference is that policy too (RAGEN's
   reference is the model RL starts from)."""
   reference = state.reference
-  if setup.algo.uses_reference and reference is not None:
+  if setup.config.algo.uses_reference and reference is not None:
     reference = jax.tree.map(jnp.copy, state.policy)
   return state.replace(
     policy_opt=assembly.policy_optimizer_state(
@@ -330,7 +329,7 @@ def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
   compiled = {}
   codec = sharding.replicate(setup.codec, setup.mesh)
   last: dict[str, float] = {}
-  stopper = stopping.EarlyStop(setup.stop_cfg)
+  stopper = stopping.EarlyStop(setup.config.train.early_stop)
   stopped = preempted = None
   step = int(sharding.local_value(state.step))
   if step == 0 and r.evaluating(0):
@@ -349,7 +348,7 @@ def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
     if step == r.sft_steps:
       state = _start_rl(setup, learner, state)
     evaluating = r.evaluating(step)
-    watching = setup.stop_cfg.enabled and phase == "rl"
+    watching = setup.config.train.early_stop.enabled and phase == "rl"
     if evaluating or watching or step % config.train.log_every == 0:
       metrics = _host_metrics(metrics, t0)
       if evaluating:

@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from starpo_jax.cli import verify
-from starpo_jax.models import checkpoints, gguf, hf, transformer
+from starpo_jax.models import checkpoints, gguf, hf, presets
 
 
 def reference(path: str):
@@ -217,7 +217,7 @@ def test_a_missing_package_says_how_to_install_it(monkeypatch):
 
 def test_the_smollm2_preset_is_the_packaged_files_shape():
   cfg = checkpoints.read_config(checkpoints.resolve("smollm2-135m"))
-  assert cfg == transformer.PRESETS["smollm2-135m"]
+  assert cfg == presets.PRESETS["smollm2-135m"]
   assert cfg.num_params() == pytest.approx(134.5e6, rel=0.01)
 
 
@@ -279,8 +279,9 @@ def test_smollm2_configs_build_in_think_mode(name):
   module = importlib.import_module(f"configs.{name}")
   setup = assembly.build(module.get_config("model=smollm2-135m"))
   assert setup.ckpt == checkpoints.resolve("smollm2-135m")
-  assert setup.rollout_cfg.enable_think and setup.rollout_cfg.prompt == "ragen"
+  rollout = setup.config.rollout
+  assert rollout.enable_think and rollout.prompt == "ragen"
   assert setup.tokenizer.vocab_size == 49_152
   # The warm start's replies (its own reasoning, then the answer) fit a
   # turn's budget: build checked it.
-  assert setup.sft_cfg.steps > 0 and setup.sft_cfg.reasoning_tokens >= 16
+  assert setup.config.sft.steps > 0 and setup.config.sft.reasoning_tokens >= 16

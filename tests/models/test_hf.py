@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from starpo_jax.models import hf, transformer
+from starpo_jax.models import hf, presets, transformer
 from tests.models.conftest import VOCAB, torch_logits
 
 
@@ -204,7 +204,7 @@ _MEASURE = textwrap.dedent(
 def test_loading_makes_no_second_full_copy_in_host_memory(tmp_path):
   # The shape of Qwen2.5-0.5B, cut to 4 layers to keep the test short: the
   # 151,936 x 896 embedding dominates, as in the full model.
-  cfg = transformer.preset("qwen2.5-0.5b", num_layers=4, param_dtype="bfloat16")
+  cfg = presets.preset("qwen2.5-0.5b", num_layers=4, param_dtype="bfloat16")
   model = transformer.create(cfg)
   hf.save(model, str(tmp_path))
   param_bytes = cfg.num_params() * 2

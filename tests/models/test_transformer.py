@@ -10,7 +10,7 @@ import torch
 import transformers
 from flax import nnx
 
-from starpo_jax.models import hf, sampling, transformer
+from starpo_jax.models import hf, presets, sampling, transformer
 from tests.helpers import assert_compiles_once
 from tests.models.conftest import VOCAB, torch_logits
 
@@ -71,7 +71,7 @@ def test_greedy_generation_matches_transformers_for_32_tokens(qwen2_dir):
 
 
 def test_cached_prefill_and_decode_equal_the_full_forward():
-  cfg = transformer.preset("tiny", vocab_size=61, num_layers=3)
+  cfg = presets.preset("tiny", vocab_size=61, num_layers=3)
   model = transformer.create(cfg, seed=3)
   seqs = random_tokens((3, 30), seed=3) % 61
   step = jax.jit(lambda m, t, c, n: m(t, c, n))
@@ -102,7 +102,7 @@ def test_cached_prefill_and_decode_equal_the_full_forward():
 
 
 def test_bfloat16_policy_tracks_float32():
-  cfg = transformer.preset("tiny", vocab_size=61)
+  cfg = presets.preset("tiny", vocab_size=61)
   f32 = transformer.create(cfg, seed=4)
   bf16 = transformer.create(
     cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
@@ -121,14 +121,14 @@ def test_bfloat16_policy_tracks_float32():
 
 
 def test_value_head_gives_one_value_per_token():
-  cfg = transformer.preset("tiny", vocab_size=61, value_head=True)
+  cfg = presets.preset("tiny", vocab_size=61, value_head=True)
   model = transformer.create(cfg, seed=5)
   h, _ = model.hidden(jnp.zeros((2, 9), jnp.int32))
   assert model.values(h).shape == (2, 9)
 
 
 def test_parameters_carry_logical_axis_names():
-  model = transformer.create(transformer.preset("tiny", vocab_size=61))
+  model = transformer.create(presets.preset("tiny", vocab_size=61))
   specs = nnx.get_partition_spec(nnx.state(model))
   assert tuple(specs["embed"].get_value()) == ("vocab", "embed")
   assert tuple(specs["layers"]["attn"]["q"].get_value()) == (
@@ -156,7 +156,7 @@ def test_parameters_carry_logical_axis_names():
 )
 def test_bad_model_settings_are_rejected_naming_the_field(overrides, name):
   with pytest.raises(ValueError, match=name):
-    transformer.preset("tiny", vocab_size=61, **overrides)
+    presets.preset("tiny", vocab_size=61, **overrides)
 
 
 def test_presets_have_the_published_parameter_counts():
@@ -171,13 +171,11 @@ def test_presets_have_the_published_parameter_counts():
     "llama-3.2-3b": 3.21e9,
   }
   for name, count in published.items():
-    assert transformer.preset(name).num_params() == pytest.approx(
-      count, rel=0.01
-    )
+    assert presets.preset(name).num_params() == pytest.approx(count, rel=0.01)
 
 
 def test_jitted_forward_and_decode_step_compile_once():
-  cfg = transformer.preset("tiny", vocab_size=61)
+  cfg = presets.preset("tiny", vocab_size=61)
   graphdef, state = nnx.split(transformer.create(cfg))
 
   def forward(state, tokens):
@@ -203,7 +201,7 @@ def test_remat_policies_give_the_same_gradients_with_less_memory():
   tokens = jnp.asarray(random_tokens((2, 64), seed=4) % 61)
 
   def grads(remat):
-    cfg = transformer.preset("tiny", vocab_size=61, num_layers=3, remat=remat)
+    cfg = presets.preset("tiny", vocab_size=61, num_layers=3, remat=remat)
     graphdef, params = nnx.split(transformer.create(cfg, seed=5))
 
     def loss(params):
@@ -224,6 +222,6 @@ def test_remat_policies_give_the_same_gradients_with_less_memory():
 
 def test_unknown_remat_policy_and_attention_are_named():
   with pytest.raises(ValueError, match="remat=True"):
-    transformer.preset("tiny", vocab_size=61, remat=True)
+    presets.preset("tiny", vocab_size=61, remat=True)
   with pytest.raises(ValueError, match="attention='flash'"):
-    transformer.preset("tiny", vocab_size=61, attention="flash")
+    presets.preset("tiny", vocab_size=61, attention="flash")

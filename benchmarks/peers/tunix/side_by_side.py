@@ -116,7 +116,7 @@ def levels(count: int, per_iteration: int, seed: int) -> list[list[dict]]:
 
 def spec(pair: run_lib.Pair, workdir: str, iterations: int) -> dict[str, Any]:
   """What ``iteration.py`` needs, from the JAX side's setup."""
-  r, a = pair.setup.rollout_cfg, pair.setup.algo
+  r, a = pair.setup.config.rollout, pair.setup.config.algo
   o = pair.config.optim
   settings = codec_lib.PromptSettings(
     enable_think=r.enable_think,

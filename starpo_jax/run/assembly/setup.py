@@ -1,0 +1,201 @@
+"""``build``: a run's ``Setup`` from its config, everything checked on the
+host before anything compiles: the environments, the tokenizer, the
+model's architecture, the codecs and the mesh."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import envs
+from starpo_jax import sharding
+from starpo_jax.agent import codec as codec_lib
+from starpo_jax.algo import sft
+from starpo_jax.algo.experts import Replies
+from starpo_jax.models import checkpoints
+from starpo_jax.models import tokenizer as tokenizer_lib
+from starpo_jax.models.config import ModelConfig
+from starpo_jax.models.presets import ModelSettings
+from starpo_jax.run.assembly.config import ConfigError, parse
+from starpo_jax.run.sections import EnvConfig, RunConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """Everything a run is made of, built and checked on the host: its
+  config, and what the config resolves to."""
+
+  config: RunConfig
+  env: envs.BatchEnv
+  eval_envs: dict[str, envs.BatchEnv]
+  tokenizer: tokenizer_lib.Tokenizer
+  model_cfg: ModelConfig
+  # The weights' checkpoint: model.ckpt, or the file of a packaged preset
+  # (checkpoints.PACKAGED); "" for random weights.
+  ckpt: str
+  codec: codec_lib.Codec
+  eval_codecs: dict[str, codec_lib.Codec]
+  mesh: Any
+
+
+def build(config: Any, shapes_only: bool = False, devices: Any = None) -> Setup:
+  """Parses the config (a ``ConfigDict`` or a ``RunConfig``), checks it and
+  builds environments, tokenizer and codecs.
+
+  With ``shapes_only`` (the compile check), a preset without a checkpoint
+  or tokenizer gets the compact tokenizer: token ids change, shapes do not.
+  ``devices`` (default: all) make the mesh.
+  """
+  run = parse(config)
+  env, eval_envs = _environments(run.env)
+  _check_shapes(run, env)
+  prompt = run.rollout.prompt_settings()
+  ckpt = _checkpoint(run.model)
+  tok = _tokenizer(
+    run.model, ckpt, [env, *eval_envs.values()], prompt, shapes_only
+  )
+  # Python environments tokenize their observations on the host; on a
+  # mesh, each process steps the episodes of its own batch shards.
+  bind = lambda e: e.bind(tok.encode, sharding.BATCH)
+  env, eval_envs = bind(env), {n: bind(e) for n, e in eval_envs.items()}
+  model_cfg = _model_config(run, ckpt, tok)
+  codec_of = lambda e: codec_lib.Codec.build(
+    tok, e.spec, prompt, model_cfg.vocab_size, sharding.BATCH
+  )
+  codec = codec_of(env)
+  try:
+    mesh = sharding.make_mesh(run.mesh.shape, devices)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  _check_warm_start(run, env, tok, codec)
+  return Setup(
+    config=run,
+    env=env,
+    eval_envs=eval_envs,
+    tokenizer=tok,
+    model_cfg=model_cfg,
+    ckpt=ckpt,
+    codec=codec,
+    eval_codecs={n: codec_of(e) for n, e in eval_envs.items()},
+    mesh=mesh,
+  )
+
+
+def _check_shapes(run: RunConfig, env: envs.BatchEnv) -> None:
+  """Raises ConfigError for a batch the minibatches do not divide, or
+  tools with no turn to read their results."""
+  rollout, algo = run.rollout, run.algo
+  if rollout.batch % algo.minibatches:
+    raise ConfigError(
+      f"config.algo.minibatches={algo.minibatches} must divide the "
+      f"{rollout.batch} episodes (rollout.env_groups x rollout.group_size)"
+    )
+  if env.spec.tools and rollout.max_turns < 2:
+    raise ConfigError(
+      f"config.env.kwargs.tools={','.join(env.spec.tools)!r}: a tool's "
+      "result comes back in the next turn, so rollout.max_turns="
+      f"{rollout.max_turns} leaves no turn to read it; set it to 2 or more"
+    )
+
+
+def _check_warm_start(run: RunConfig, env, tok, codec) -> None:
+  """Raises ConfigError for a warm start that cannot work here."""
+  if not run.sft.steps:
+    return
+  try:
+    sft.check(
+      env,
+      sft.episodes_config(run.rollout, run.sft, codec),
+      Replies.build(tok, env.spec, run.rollout.enable_think),
+      run.sft.expert,
+      run.sft.reasoning_tokens,
+    )
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+
+
+def _environments(c: EnvConfig) -> tuple[Any, dict[str, Any]]:
+  """The training environment and the evaluation ones by name: ``eval``
+  with ``env.eval_kwargs`` applied and, when those change anything, the
+  training environment again as ``eval_train_env``."""
+  try:
+    env = envs.batched(envs.make(c.name, **c.kwargs))
+    held_out = envs.make(c.name, **{**c.kwargs, **c.eval_kwargs})
+  except ValueError as e:
+    raise ConfigError(f"config.env: {e}") from None
+  eval_envs = {"eval": envs.batched(held_out)}
+  if c.eval_kwargs:
+    eval_envs["eval_train_env"] = env
+  return env, eval_envs
+
+
+@contextlib.contextmanager
+def as_config_error() -> Iterator[None]:
+  """A checkpoint or tokenizer that cannot be read is a setting that
+  cannot work: its error (naming the file) as ``ConfigError``."""
+  try:
+    yield
+  except (checkpoints.CheckpointError, tokenizer_lib.TokenizerError) as e:
+    raise ConfigError(f"config.model: {e}") from None
+
+
+def _checkpoint(m: ModelSettings) -> str:
+  """``model.ckpt``, else a packaged preset's file, else ""."""
+  name = m.ckpt or (m.preset if m.preset in checkpoints.PACKAGED else "")
+  if not name:
+    return ""
+  with as_config_error():
+    return checkpoints.resolve(name)
+
+
+def _tokenizer(
+  m: ModelSettings,
+  ckpt: str,
+  all_envs: list[Any],
+  prompt: codec_lib.PromptSettings,
+  shapes_only: bool,
+) -> tokenizer_lib.Tokenizer:
+  """The checkpoint's (or ``model.tokenizer``'s) tokenizer; for the tiny
+  model (or a compile check) the compact one over the prompts' pieces."""
+  tok_path = m.tokenizer or ckpt
+  if tok_path:
+    with as_config_error():
+      return checkpoints.tokenizer(tok_path)
+  if m.preset == "tiny" or shapes_only:
+    pieces = []
+    for e in all_envs:
+      pieces += codec_lib.prompt_pieces(e.spec, prompt)
+    return tokenizer_lib.build_compact(pieces)
+  raise ConfigError(
+    f"config.model: preset {m.preset!r} needs model.ckpt or model.tokenizer"
+  )
+
+
+def _model_config(
+  run: RunConfig, ckpt: str, tok: tokenizer_lib.Tokenizer
+) -> ModelConfig:
+  """The checkpoint's architecture, the tiny shape of ``config.model``, or
+  a preset's, with the run's dtypes, remat, attention kernel and
+  adapters."""
+  checkpoint = None
+  if ckpt:
+    with as_config_error():
+      checkpoint = checkpoints.read_config(ckpt)
+  try:
+    model_cfg = run.model.architecture(checkpoint, tok.vocab_size)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+  if model_cfg.vocab_size < tok.vocab_size:
+    raise ConfigError(
+      f"config.model: the tokenizer has {tok.vocab_size} tokens, more than "
+      f"the model's vocab_size={model_cfg.vocab_size}"
+    )
+  if model_cfg.lora is not None and run.sft.steps:
+    raise ConfigError(
+      "config.model.lora: the warm start (config.sft.steps) trains the "
+      "whole model; run it without adapters, then start the LoRA run from "
+      "it with config.train.init_from"
+    )
+  return model_cfg
