@@ -20,6 +20,7 @@ from starpo_jax.run import presets, sections
 # --config=FILE:key=value,... keys and their defaults.
 ARG_DEFAULTS = {"model": "tiny", "ckpt": "", "algo": "starpo_s"}
 
+
 def parse_arg(arg: str | None, **defaults: Any) -> dict[str, Any]:
   """``"model=tiny,ckpt=/p"`` -> ``{"model": "tiny", "ckpt": "/p", ...}``.
 

@@ -1,8 +1,7 @@
-"""``python -m starpo_jax.compile_check``: see ``starpo_jax.cli``."""
+"""``python -m starpo_jax.compile_check`` (installed: ``starpo-compile-
+check``): compiles the step for a mesh (``starpo_jax.cli.compile_check``)."""
 
-import runpy
+from starpo_jax.cli.compile_check import entry
 
 if __name__ == "__main__":
-  runpy.run_module(
-    "starpo_jax.cli.compile_check", run_name="__main__", alter_sys=True
-  )
+  entry()

@@ -1,8 +1,7 @@
-"""``python -m starpo_jax.evaluate``: runs ``starpo_jax.cli.evaluate``."""
+"""``python -m starpo_jax.evaluate`` (installed: ``starpo-evaluate``):
+evaluates a policy on held-out levels (``starpo_jax.cli.evaluate``)."""
 
-import runpy
+from starpo_jax.cli.evaluate import entry
 
 if __name__ == "__main__":
-  runpy.run_module(
-    "starpo_jax.cli.evaluate", run_name="__main__", alter_sys=True
-  )
+  entry()

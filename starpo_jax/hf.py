@@ -1,6 +1,7 @@
-"""``python -m starpo_jax.hf``: runs ``starpo_jax.cli.hf``."""
+"""``python -m starpo_jax.hf`` (installed: ``starpo-hf``): imports, exports
+and verifies checkpoints (``starpo_jax.cli.hf``)."""
 
-import runpy
+from starpo_jax.cli.hf import entry
 
 if __name__ == "__main__":
-  runpy.run_module("starpo_jax.cli.hf", run_name="__main__", alter_sys=True)
+  entry()

@@ -1,6 +1,7 @@
-"""``python -m starpo_jax.main``: runs ``starpo_jax.cli.main``."""
+"""``python -m starpo_jax.main`` (installed: ``starpo-train``): trains a
+policy (``starpo_jax.cli.main``)."""
 
-import runpy
+from starpo_jax.cli.main import entry
 
 if __name__ == "__main__":
-  runpy.run_module("starpo_jax.cli.main", run_name="__main__", alter_sys=True)
+  entry()

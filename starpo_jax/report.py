@@ -1,6 +1,7 @@
-"""``python -m starpo_jax.report``: runs ``starpo_jax.cli.report``."""
+"""``python -m starpo_jax.report`` (installed: ``starpo-report``): renders
+runs' curves (``starpo_jax.cli.report``)."""
 
-import runpy
+from starpo_jax.cli.report import entry
 
 if __name__ == "__main__":
-  runpy.run_module("starpo_jax.cli.report", run_name="__main__", alter_sys=True)
+  entry()

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from starpo_jax.run import hlo_cost
+from starpo_jax.cli import hlo_cost, hlo_text
 
 B, D = 8, 64
 MATMUL = 2 * B * D * D  # one [B, D] @ [D, D]
@@ -133,8 +133,8 @@ def test_roofline_takes_each_phases_slower_limit():
 
 
 def test_sizes_of_types():
-  assert hlo_cost.elements("(f32[2,3]{1,0}, s32[])") == 7
-  assert hlo_cost.size_bytes("(bf16[4,8]{1,0}, pred[3])") == 4 * 8 * 2 + 3
+  assert hlo_text.elements("(f32[2,3]{1,0}, s32[])") == 7
+  assert hlo_text.size_bytes("(bf16[4,8]{1,0}, pred[3])") == 4 * 8 * 2 + 3
 
 
 def test_an_update_in_place_moves_the_slice_not_the_buffer():

@@ -246,8 +246,8 @@ def _work(compiled, rollout_cfg, kind: str) -> dict:
   """The compiled step's FLOPs and bytes per phase (``hlo_cost``), XLA's
   own count, and the roofline bound at ``kind``'s published peaks where
   every loop of the step could be counted."""
+  from starpo_jax.cli import hlo_cost
   from starpo_jax.models import attention
-  from starpo_jax.run import hlo_cost
 
   cost = hlo_cost.program_cost(
     compiled.as_text(),
@@ -389,5 +389,10 @@ def main(argv) -> None:
       json.dump(results, f, indent=1)
 
 
+def entry() -> None:
+  """``starpo-compile-check`` and ``python -m starpo_jax.compile_check``."""
+  cli_app.run(main, required=["config"], doc=__doc__)
+
+
 if __name__ == "__main__":
-  cli_app.run(main, required=["config"])
+  entry()

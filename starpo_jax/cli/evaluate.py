@@ -158,5 +158,11 @@ def main(argv: list[str]) -> dict[str, Any]:
   return summary
 
 
-if __name__ == "__main__":
+def entry() -> None:
+  """``starpo-evaluate`` and ``python -m starpo_jax.evaluate``."""
+  cli_app.quiet_libtpu()
   main(sys.argv)
+
+
+if __name__ == "__main__":
+  entry()

@@ -21,6 +21,7 @@ import sys
 
 from flax import nnx
 
+from starpo_jax.cli import app as cli_app
 from starpo_jax.cli import verify as verify_lib
 from starpo_jax.models import checkpoints, gguf, hf
 from starpo_jax.models import config as model_config
@@ -96,5 +97,11 @@ def main(argv: list[str] | None = None) -> int:
   return 0
 
 
-if __name__ == "__main__":
+def entry() -> None:
+  """``starpo-hf`` and ``python -m starpo_jax.hf``."""
+  cli_app.quiet_libtpu()
   sys.exit(main())
+
+
+if __name__ == "__main__":
+  entry()

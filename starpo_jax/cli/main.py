@@ -78,5 +78,10 @@ def main(argv) -> None:
     sys.exit(preemption.EXIT_STATUS)
 
 
+def entry() -> None:
+  """``starpo-train`` and ``python -m starpo_jax.main``."""
+  cli_app.run(main, required=["config"], doc=__doc__)
+
+
 if __name__ == "__main__":
-  cli_app.run(main, required=["config"])
+  entry()

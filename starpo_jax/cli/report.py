@@ -378,5 +378,11 @@ def main(argv: list[str]) -> None:
   print(f"wrote {written['html']}")
 
 
-if __name__ == "__main__":
+def entry() -> None:
+  """``starpo-report`` and ``python -m starpo_jax.report``."""
+  cli_app.quiet_libtpu()
   main(sys.argv)
+
+
+if __name__ == "__main__":
+  entry()
