@@ -1,8 +1,12 @@
 """The house rules a reader relies on: the library's subpackages import
 one way (``models`` <- ``agent`` <- ``algo`` <- ``run`` <- ``cli``), with
-no import cycle; the environments import nothing from the library; no
-function in the library or the environments is longer than 80 lines; the
-benchmarks import nothing from the tests."""
+no import cycle; the environments import nothing from the library; only
+the environment protocol (``envs.batch``) and assembly reach its
+adapters, and nothing else asks which kind of environment it holds; no
+code reads the raw config past the parser; no file in the library, the
+environments or the benchmarks is longer than 600 lines, and no function
+longer than 60; the benchmarks import nothing from the tests. Each check
+is shown to catch a planted violation."""
 
 from __future__ import annotations
 
@@ -12,23 +16,41 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-MAX_LINES = 80
+FOLDERS = ["starpo_jax", "envs", "benchmarks"]
+MAX_FUNCTION_LINES = 60
+MAX_FILE_LINES = 600
 
 
-def functions(folder: str):
+def sources(folder: str):
   for path in sorted((ROOT / folder).rglob("*.py")):
-    tree = ast.parse(path.read_text(), str(path))
-    for node in ast.walk(tree):
-      if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-        yield path.relative_to(ROOT), node
+    yield path.relative_to(ROOT), path.read_text()
 
 
-@pytest.mark.parametrize("folder", ["starpo_jax", "envs"])
-def test_no_function_is_longer_than_80_lines(folder):
-  long = [
+def long_functions(path, text: str, limit: int) -> list[str]:
+  return [
     f"{path}:{node.lineno} {node.name} ({n} lines)"
-    for path, node in functions(folder)
-    if (n := node.end_lineno - node.lineno + 1) > MAX_LINES
+    for node in ast.walk(ast.parse(text))
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    and (n := node.end_lineno - node.lineno + 1) > limit
+  ]
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_no_function_is_longer_than_60_lines(folder):
+  long = []
+  for path, text in sources(folder):
+    long += long_functions(path, text, MAX_FUNCTION_LINES)
+  assert not long, long
+  planted = "def f():\n" + "  x = 1\n" * MAX_FUNCTION_LINES
+  assert long_functions("planted.py", planted, MAX_FUNCTION_LINES)
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_no_file_is_longer_than_600_lines(folder):
+  long = [
+    f"{path} ({n} lines)"
+    for path, text in sources(folder)
+    if (n := text.count("\n")) > MAX_FILE_LINES
   ]
   assert not long, long
 
@@ -154,3 +176,129 @@ def test_the_environments_import_nothing_from_the_library():
     if n == "starpo_jax" or n.startswith("starpo_jax.")
   ]
   assert not wrong, wrong
+
+
+# The environment protocol's adapters and host bridge: reached through
+# ``envs.batched`` by everything but the protocol itself and assembly.
+PROTOCOL = "envs.batch"
+BRIDGE = ("envs.batch.host", "envs.batch.slots", "envs.batch.vmap")
+MAY_REACH_BRIDGE = ("envs.batch", "starpo_jax.run.assembly")
+
+
+def reaches_bridge(graph: dict[str, set[str]]) -> list[str]:
+  return [
+    f"{m} imports {n}"
+    for m, found in graph.items()
+    for n in found
+    if n.startswith(BRIDGE)
+    and not any(m == a or m.startswith(a + ".") for a in MAY_REACH_BRIDGE)
+  ]
+
+
+def test_only_the_protocol_and_assembly_reach_the_environment_adapters():
+  wrong = []
+  for folder in FOLDERS:
+    wrong += reaches_bridge(imports(folder))
+  assert not wrong, wrong
+  assert reaches_bridge({"starpo_jax.agent.rollout": {"envs.batch.host"}})
+
+
+# The classes that tell the kinds of environment apart.
+KINDS = {
+  "Env",
+  "TextEnv",
+  "HostSpec",
+  "HostEnv",
+  "HostEnvironment",
+  "VmapEnv",
+  "BatchEnv",
+}
+
+
+def kind_checks(path, text: str) -> list[str]:
+  """``isinstance(x, K)`` with K an environment kind (or a tuple or union
+  naming one)."""
+  out = []
+  for node in ast.walk(ast.parse(text)):
+    if (
+      isinstance(node, ast.Call)
+      and isinstance(node.func, ast.Name)
+      and node.func.id == "isinstance"
+      and len(node.args) == 2
+    ):
+      named = {
+        n.attr if isinstance(n, ast.Attribute) else n.id
+        for n in ast.walk(node.args[1])
+        if isinstance(n, ast.Name | ast.Attribute)
+      }
+      if named & KINDS:
+        out.append(f"{path}:{node.lineno}")
+  return out
+
+
+def test_nothing_outside_the_protocol_asks_which_kind_of_environment():
+  wrong = []
+  for folder in FOLDERS:
+    for path, text in sources(folder):
+      if not str(path).startswith("envs/batch/"):
+        wrong += kind_checks(path, text)
+  assert not wrong, wrong
+  planted = "def f(env):\n  return isinstance(env, envs.HostEnvironment)\n"
+  assert kind_checks("planted.py", planted)
+
+
+# What only the parser (``run/assembly/config.py``, ``settings.py``) may
+# do with a config file's ConfigDict: everything past it reads the typed
+# RunConfig.
+RAW_CONFIG = {"copy_and_resolve_references", "unlocked", "to_dict", "lock"}
+PARSERS = ("starpo_jax/run/assembly/config.py", "starpo_jax/settings.py")
+
+
+def raw_config_reads(path, text: str) -> list[str]:
+  """A ConfigDict named or imported (``config_flags``, which defines the
+  command line's --config, aside), a ConfigDict method called, or a
+  section read with ``.get`` (``c.train.get("profile", "")``)."""
+  out = []
+  for node in ast.walk(ast.parse(text)):
+    line = f"{path}:{getattr(node, 'lineno', 0)}"
+    if isinstance(node, ast.Attribute) and node.attr == "ConfigDict":
+      out.append(f"{line} ConfigDict")
+    elif isinstance(node, ast.Import) and any(
+      a.name == "ml_collections" for a in node.names
+    ):
+      out.append(f"{line} import ml_collections")
+    elif (
+      isinstance(node, ast.ImportFrom)
+      and node.module == "ml_collections"
+      and any(a.name != "config_flags" for a in node.names)
+    ):
+      out.append(f"{line} from ml_collections")
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+      owner = node.func.value
+      if node.func.attr in RAW_CONFIG:
+        out.append(f"{line} .{node.func.attr}()")
+      elif (
+        node.func.attr == "get"
+        and isinstance(owner, ast.Attribute)
+        and owner.attr in sections()
+      ):
+        out.append(f"{line} .{owner.attr}.get()")
+  return out
+
+
+def sections() -> set[str]:
+  from starpo_jax.run.sections import SECTIONS
+
+  return set(SECTIONS)
+
+
+def test_no_code_reads_the_raw_config_after_parsing():
+  wrong = []
+  for path, text in sources("starpo_jax"):
+    if str(path) not in PARSERS:
+      wrong += raw_config_reads(path, text)
+  assert not wrong, wrong
+  planted = 'def f(c):\n  return c.train.get("profile", "")\n'
+  assert raw_config_reads("planted.py", planted)
+  planted = "def f(c):\n  return c.copy_and_resolve_references()\n"
+  assert raw_config_reads("planted.py", planted)
