@@ -23,6 +23,7 @@ import numpy as np
 import envs
 from benchmarks import common
 from starpo_jax.agent import codec as codec_lib
+from starpo_jax.agent import prompt as prompt_lib
 from starpo_jax.agent import rollout
 from starpo_jax.models import config as model_config
 from starpo_jax.models import presets, transformer
@@ -50,7 +51,9 @@ def bench(
     max_context=1 << 30,  # replaced below once the prompt size is known
   )
   settings = cfg.prompt_settings()
-  tok = tokenizer_lib.build_compact(codec_lib.prompt_pieces(env.spec, settings))
+  tok = tokenizer_lib.build_compact(
+    prompt_lib.prompt_pieces(env.spec, settings)
+  )
   overrides = {"vocab_size": tok.vocab_size} if model_name == "tiny" else {}
   model_cfg = presets.preset(
     model_name, dtype=dtype, param_dtype=dtype, **overrides

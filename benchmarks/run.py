@@ -282,7 +282,7 @@ class Pair:
   ):
     """``overrides``: config settings by dotted name, set on the workload
     (e.g. ``{"rollout.answer_vocab": False}``)."""
-    from starpo_jax.agent.codec import prompt_pieces
+    from starpo_jax.agent.prompt import prompt_pieces
     from starpo_jax.models import tokenizer as tokenizer_lib
 
     if size not in SIZES:

@@ -12,7 +12,7 @@ import pytest
 
 from configs import common, sokoban
 from starpo_jax import settings
-from starpo_jax.agent import codec
+from starpo_jax.agent import prompt as prompt_lib
 from starpo_jax.algo import advantages
 from starpo_jax.models import attention, lora, presets
 from starpo_jax.models import config as model_config
@@ -106,7 +106,7 @@ def test_the_choices_are_what_the_code_implements():
   assert choices(model, "remat") == set(model_config.REMAT_POLICIES)
   assert choices(model_config.LoraConfig, "quantize") == {"", *lora.QTYPES}
   rollout = sections.SECTIONS["rollout"]
-  assert choices(rollout, "prompt") == set(codec.PROMPT_STYLES)
+  assert choices(rollout, "prompt") == set(prompt_lib.PROMPT_STYLES)
 
 
 def test_no_section_leaves_a_setting_untyped():

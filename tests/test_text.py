@@ -16,6 +16,7 @@ import pytest
 import envs
 from reference import text as ref
 from starpo_jax.agent import codec as codec_lib
+from starpo_jax.agent import prompt as prompt_lib
 from tests.envs.conftest import level_pool, to_numpy
 from tests.text_fixtures import SETTINGS, TOKENIZERS, byte_token, env_variants
 
@@ -130,7 +131,7 @@ CODECS: dict = {}
 def codec_for(tok_name: str, env_name: str, think: bool) -> codec_lib.Codec:
   key = (tok_name, env_name, think)
   if key not in CODECS:
-    settings = codec_lib.PromptSettings(
+    settings = prompt_lib.PromptSettings(
       enable_think=think, max_actions_per_turn=3
     )
     spec = envs.make(env_name).spec
@@ -207,7 +208,7 @@ def test_text_answers_are_the_reference_answer_bytes(think):
   """An environment with free-text answers (Countdown) gets the answer's
   bytes, markers removed, unsplit; a non-blank one is its one valid part."""
   tok = TOKENIZERS["bpe"]()
-  settings = codec_lib.PromptSettings(
+  settings = prompt_lib.PromptSettings(
     enable_think=think, max_actions_per_turn=1
   )
   codec = codec_lib.Codec.build(tok, envs.make("countdown").spec, settings)
@@ -245,7 +246,7 @@ def test_text_answers_are_the_reference_answer_bytes(think):
   assert given + blank < 0.99 * len(samples)
 
 
-@pytest.mark.parametrize("mode", codec_lib.OBSERVATION_TOKENS)
+@pytest.mark.parametrize("mode", prompt_lib.OBSERVATION_TOKENS)
 @pytest.mark.parametrize("tok_name", sorted(TOKENIZERS))
 def test_rendered_tokens_are_the_tokenizers_own(tok_name, mode):
   # "text": exactly what the tokenizer gives for the observation's whole
@@ -288,10 +289,10 @@ def test_rewards_are_written_as_the_reference_formats_them(value):
   tok = TOKENIZERS["compact"]()
   got = tok.decode(np.asarray(ids)[np.asarray(keep)])
   assert got == ref.format_reward(float(np.float32(value)))
-  assert got == codec_lib.format_reward(float(np.float32(value)))
+  assert got == prompt_lib.format_reward(float(np.float32(value)))
 
 
-@pytest.mark.parametrize("style", codec_lib.PROMPT_STYLES)
+@pytest.mark.parametrize("style", prompt_lib.PROMPT_STYLES)
 def test_turn_chunks_decode_to_the_reference_prompt(style):
   tok = TOKENIZERS["bpe"]()
   env = envs.make("sokoban")
@@ -337,22 +338,22 @@ def test_the_compact_prompt_is_short_and_names_the_environment():
   tok = TOKENIZERS["compact"]()
   env = envs.make("sokoban")
   compact = dataclasses.replace(SETTINGS, style="compact")
-  assert codec_lib.system_text(env.spec, compact) == "sokoban"
+  assert prompt_lib.system_text(env.spec, compact) == "sokoban"
   ragen = codec_lib.Codec.build(tok, env.spec, SETTINGS).turn_chunk_size(5, 10)
   short = codec_lib.Codec.build(tok, env.spec, compact).turn_chunk_size(5, 10)
   assert short < ragen / 2
   with pytest.raises(ValueError, match="style"):
-    codec_lib.PromptSettings(style="terse")
+    prompt_lib.PromptSettings(style="terse")
 
 
 def test_system_prompt_lists_instructions_legend_and_actions():
   spec = envs.make("sokoban").spec
-  system = codec_lib.system_text(spec, SETTINGS)
+  system = prompt_lib.system_text(spec, SETTINGS)
   assert system.startswith("You're a helpful assistant. You are solving")
   assert "#: wall, _: empty, O: target" in system
   assert "Up, Down, Left, Right" in system
   assert "up to 2 actions" in system
-  bandit = codec_lib.system_text(envs.make("bandit").spec, SETTINGS)
+  bandit = prompt_lib.system_text(envs.make("bandit").spec, SETTINGS)
   assert "available actions" not in bandit
 
 

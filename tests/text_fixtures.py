@@ -8,11 +8,11 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import envs
-from starpo_jax.agent import codec as codec_lib
+from starpo_jax.agent import prompt as prompt_lib
 from starpo_jax.models import tokenizer as tokenizer_lib
 
 ENV_NAMES = ("sokoban", "frozen_lake", "bandit")
-SETTINGS = codec_lib.PromptSettings()
+SETTINGS = prompt_lib.PromptSettings()
 
 
 @functools.cache
@@ -31,7 +31,7 @@ def env_variants() -> tuple:
 def compact() -> tokenizer_lib.Tokenizer:
   pieces = []
   for _, env in env_variants():
-    pieces += codec_lib.prompt_pieces(env.spec, SETTINGS)
+    pieces += prompt_lib.prompt_pieces(env.spec, SETTINGS)
   return tokenizer_lib.build_compact(pieces)
 
 
@@ -49,7 +49,7 @@ def bpe() -> tokenizer_lib.Tokenizer:
   )
   corpus = []
   for _, env in env_variants():
-    corpus += codec_lib.prompt_pieces(env.spec, SETTINGS) * 3
+    corpus += prompt_lib.prompt_pieces(env.spec, SETTINGS) * 3
   tok.train_from_iterator(corpus, trainer)
   return tokenizer_lib.Tokenizer(tok, "<|endoftext|>", "trained BPE")
 

@@ -36,7 +36,7 @@ import transformers
 
 from reference import envs as ref
 from reference import text as reference_text
-from starpo_jax.agent import codec as codec_lib
+from starpo_jax.agent import prompt as prompt_lib
 from starpo_jax.models.tokenizer import Tokenizer
 
 
@@ -664,7 +664,7 @@ class Loop:
     compile: bool = False,
     seed: int = 0,
   ):
-    settings = codec_lib.PromptSettings(
+    settings = prompt_lib.PromptSettings(
       enable_think=cfg.enable_think,
       max_actions_per_turn=cfg.max_actions_per_turn,
       response_hint=cfg.max_new_tokens,
@@ -674,7 +674,7 @@ class Loop:
     self.system = tok.encode(
       chat.begin
       + chat.start("system")
-      + codec_lib.system_text(spec, settings)
+      + prompt_lib.system_text(spec, settings)
       + chat.message_end
     )
     self.model, self.cfg = model, cfg

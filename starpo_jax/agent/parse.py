@@ -103,39 +103,11 @@ def parse_bytes(
   a_open = _find(data, count, ANSWER_OPEN)
   a_close = _find(data, count, ANSWER_CLOSE)
   if think:
-    t_open = _find(data, count, THINK_OPEN)
-    t_close = _find(data, count, THINK_CLOSE)
-    is_ws = jnp.isin(data, jnp.frombuffer(WHITESPACE, np.uint8)) & (idx < count)
-    # After each position, the first non-whitespace position.
-    nonws_at = jnp.where(is_ws, n, idx)
-    next_nonws = jax.lax.cummin(nonws_at, reverse=True)
-    # Where "<answer>" must start: the first non-space after "</think>".
-    after_close = jnp.clip(idx + len(THINK_CLOSE), 0, n - 1)
-    answer_at = jnp.where(
-      idx + len(THINK_CLOSE) < n, next_nonws[after_close], n
+    matched, start, thought, think_end = _think_answer(
+      data, count, a_open, a_close
     )
-    answer_ok = (answer_at < n) & a_open[jnp.clip(answer_at, 0, n - 1)]
-    # A later "</answer>" must exist after that "<answer>".
-    close_after = jax.lax.cummax(jnp.where(a_close, idx, -1), reverse=True)
-    content_from = answer_at + len(ANSWER_OPEN)
-    has_close = close_after[jnp.clip(content_from, 0, n - 1)] >= content_from
-    valid_close = t_close & answer_ok & has_close & (content_from < n)
-    first_open = _first(t_open, n)
-    j = _first(valid_close & (idx >= first_open + len(THINK_OPEN)), n)
-    matched = (first_open < n) & (j < n)
-    start = content_from[jnp.clip(j, 0, n - 1)]
-    think_from = jnp.clip(first_open + len(THINK_OPEN), 0, n - 1)
-    thought = matched & (next_nonws[think_from] < j)
-    think_end = jnp.where(matched, j, 0).astype(jnp.int32)
   else:
-    first_open = _first(a_open, n)
-    start = first_open + len(ANSWER_OPEN)
-    close_after = jax.lax.cummax(jnp.where(a_close, idx, -1), reverse=True)
-    matched = (
-      (first_open < n)
-      & (close_after[jnp.clip(start, 0, n - 1)] >= start)
-      & (start < n)
-    )
+    matched, start = _plain_answer(a_open, a_close)
     thought = jnp.zeros((), bool)
     think_end = jnp.zeros((), jnp.int32)
   start = jnp.where(matched, start, 0)
@@ -148,11 +120,7 @@ def parse_bytes(
   # cannot overlap themselves), and removals can create new occurrences of
   # markers already processed, as in Python.
   for marker in markers:
-    hit = _find(content, length, marker)
-    covered = jnp.zeros(n, bool)
-    for k in range(len(marker)):
-      covered = covered | jnp.concatenate([jnp.zeros(k, bool), hit[: n - k]])
-    content, length = pack([(content, (idx < length) & ~covered)], n)
+    content, length = _removed(content, length, marker)
   if text_answers:
     parsed = _whole_answer(content, length, matched, max_actions)
     return parsed.replace(thought=thought, think_end=think_end)
@@ -162,6 +130,97 @@ def parse_bytes(
   return parsed.replace(
     thought=thought, think_end=think_end, answer=content, answer_length=length
   )
+
+
+def _think_answer(data, count, a_open, a_close):
+  """``<think>...</think><answer>...</answer>``: whether it matched, where
+  the answer's content starts, whether the reasoning is not blank, and
+  where it ends."""
+  n = data.shape[0]
+  idx = jnp.arange(n)
+  t_open = _find(data, count, THINK_OPEN)
+  t_close = _find(data, count, THINK_CLOSE)
+  is_ws = jnp.isin(data, jnp.frombuffer(WHITESPACE, np.uint8)) & (idx < count)
+  # After each position, the first non-whitespace position.
+  nonws_at = jnp.where(is_ws, n, idx)
+  next_nonws = jax.lax.cummin(nonws_at, reverse=True)
+  # Where "<answer>" must start: the first non-space after "</think>".
+  after_close = jnp.clip(idx + len(THINK_CLOSE), 0, n - 1)
+  answer_at = jnp.where(idx + len(THINK_CLOSE) < n, next_nonws[after_close], n)
+  answer_ok = (answer_at < n) & a_open[jnp.clip(answer_at, 0, n - 1)]
+  # A later "</answer>" must exist after that "<answer>".
+  close_after = jax.lax.cummax(jnp.where(a_close, idx, -1), reverse=True)
+  content_from = answer_at + len(ANSWER_OPEN)
+  has_close = close_after[jnp.clip(content_from, 0, n - 1)] >= content_from
+  valid_close = t_close & answer_ok & has_close & (content_from < n)
+  first_open = _first(t_open, n)
+  j = _first(valid_close & (idx >= first_open + len(THINK_OPEN)), n)
+  matched = (first_open < n) & (j < n)
+  start = content_from[jnp.clip(j, 0, n - 1)]
+  think_from = jnp.clip(first_open + len(THINK_OPEN), 0, n - 1)
+  thought = matched & (next_nonws[think_from] < j)
+  think_end = jnp.where(matched, j, 0).astype(jnp.int32)
+  return matched, start, thought, think_end
+
+
+def _plain_answer(a_open, a_close):
+  """``<answer>...</answer>``: whether it matched, where its content
+  starts."""
+  n = a_open.shape[0]
+  idx = jnp.arange(n)
+  first_open = _first(a_open, n)
+  start = first_open + len(ANSWER_OPEN)
+  close_after = jax.lax.cummax(jnp.where(a_close, idx, -1), reverse=True)
+  matched = (
+    (first_open < n)
+    & (close_after[jnp.clip(start, 0, n - 1)] >= start)
+    & (start < n)
+  )
+  return matched, start
+
+
+def _removed(content, length, marker: bytes):
+  """``content`` with every occurrence of ``marker`` removed (one
+  ``str.replace``)."""
+  n = content.shape[0]
+  hit = _find(content, length, marker)
+  covered = jnp.zeros(n, bool)
+  for k in range(len(marker)):
+    covered = covered | jnp.concatenate([jnp.zeros(k, bool), hit[: n - k]])
+  return pack([(content, (jnp.arange(n) < length) & ~covered)], n)
+
+
+def _parts(content: jax.Array, length: jax.Array, max_actions: int):
+  """Where each ``||``-separated part's first and last non-space byte is
+  (``[max_actions]`` each), and how many parts there are."""
+  n = content.shape[0]
+  idx = jnp.arange(n)
+  inside = idx < length
+  bar = (content == ord("|")) & inside
+  # "a|||b".split("||") -> ["a", "|b"]: in a run of bars, separators start
+  # at every even offset from the run's start.
+  run_start = jax.lax.cummax(
+    jnp.where(bar & ~jnp.concatenate([jnp.zeros(1, bool), bar[:-1]]), idx, -1)
+  )
+  pair = bar & jnp.concatenate([bar[1:], jnp.zeros(1, bool)])
+  sep = pair & ((idx - run_start) % 2 == 0)
+  in_sep = sep | jnp.concatenate([jnp.zeros(1, bool), sep[:-1]])
+  part = jnp.cumsum(sep)  # part index of each byte
+  is_ws = jnp.isin(content, jnp.frombuffer(WHITESPACE, np.uint8))
+  solid = inside & ~in_sep & ~is_ws
+  prev_solid = jax.lax.cummax(jnp.where(solid, idx, -1))
+  prev_solid = jnp.concatenate([jnp.full(1, -1), prev_solid[:-1]])
+  first = solid & (
+    (prev_solid < 0) | (part[jnp.maximum(prev_solid, 0)] != part)
+  )
+  next_solid = jax.lax.cummin(jnp.where(solid, idx, n), reverse=True)
+  next_solid = jnp.concatenate([next_solid[1:], jnp.full(1, n)])
+  last = solid & (
+    (next_solid >= n) | (part[jnp.minimum(next_solid, n - 1)] != part)
+  )
+  starts, num = pack([(idx, first)], max_actions)
+  ends, _ = pack([(idx, last)], max_actions)
+  return starts, ends, num
 
 
 def _whole_answer(
@@ -192,33 +251,10 @@ def _split_actions(
   action_bytes: jax.Array,
   action_lengths: jax.Array,
 ) -> Parsed:
+  """An answer of action names split on ``||``, each part trimmed and
+  matched to a name case-insensitively (-1: none)."""
   n = content.shape[0]
-  idx = jnp.arange(n)
-  inside = idx < length
-  bar = (content == ord("|")) & inside
-  # "a|||b".split("||") -> ["a", "|b"]: in a run of bars, separators start
-  # at every even offset from the run's start.
-  run_start = jax.lax.cummax(
-    jnp.where(bar & ~jnp.concatenate([jnp.zeros(1, bool), bar[:-1]]), idx, -1)
-  )
-  pair = bar & jnp.concatenate([bar[1:], jnp.zeros(1, bool)])
-  sep = pair & ((idx - run_start) % 2 == 0)
-  in_sep = sep | jnp.concatenate([jnp.zeros(1, bool), sep[:-1]])
-  part = jnp.cumsum(sep)  # part index of each byte
-  is_ws = jnp.isin(content, jnp.frombuffer(WHITESPACE, np.uint8))
-  solid = inside & ~in_sep & ~is_ws
-  prev_solid = jax.lax.cummax(jnp.where(solid, idx, -1))
-  prev_solid = jnp.concatenate([jnp.full(1, -1), prev_solid[:-1]])
-  first = solid & (
-    (prev_solid < 0) | (part[jnp.maximum(prev_solid, 0)] != part)
-  )
-  next_solid = jax.lax.cummin(jnp.where(solid, idx, n), reverse=True)
-  next_solid = jnp.concatenate([next_solid[1:], jnp.full(1, n)])
-  last = solid & (
-    (next_solid >= n) | (part[jnp.minimum(next_solid, n - 1)] != part)
-  )
-  starts, num = pack([(idx, first)], max_actions)
-  ends, _ = pack([(idx, last)], max_actions)
+  starts, ends, num = _parts(content, length, max_actions)
   num_parts = jnp.where(matched, jnp.minimum(num, max_actions), 0)
   # Compare each part with each action name, case-insensitively.
   width = action_bytes.shape[1]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,85 +35,18 @@ from flax import struct
 
 import envs
 from envs import BatchEnv
-from envs.tools import Results
-from starpo_jax import settings
-from starpo_jax.agent.codec import Codec, PromptSettings
-from starpo_jax.agent.ragged import pack
-from starpo_jax.models import sampling
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-  """Static shape and rules of a rollout (RAGEN's defaults where it has
-  them)."""
-
-  env_groups: int = 8
-  group_size: int = 16
-  max_turns: int = 5
-  max_actions_per_turn: int = 2
-  max_actions_per_traj: int = 10
-  max_new_tokens: int = 100
-  max_context: int = 2048
-  format_penalty: float = -0.1
-  enable_think: bool = True
-  answer_vocab: bool = False
-  prompt: Literal["ragen", "compact"] = "ragen"  # codec.PromptSettings
-  observation_tokens: Literal["text", "pieces"] = "text"  # PromptSettings
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = 0
-  # The batch played in this many parts one after another, each of whole
-  # groups with its own KV cache: 1/chunks of the rollout's memory, the
-  # same episodes (jittable environments only).
-  chunks: int = 1
-
-  def __post_init__(self) -> None:
-    settings.check(self, "rollout")
-    for name in (
-      "chunks",
-      "env_groups",
-      "group_size",
-      "max_turns",
-      "max_actions_per_turn",
-      "max_actions_per_traj",
-      "max_new_tokens",
-      "max_context",
-    ):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(
-          f"rollout: {name} must be a positive integer, got {value!r}"
-        )
-    if self.env_groups % self.chunks:
-      raise ValueError(
-        f"rollout: chunks={self.chunks} must divide the {self.env_groups} "
-        "groups played at once (env_groups)"
-      )
-    self.sampling  # noqa: B018 (validates temperature, top_k, top_p)
-    self.prompt_settings()  # validates the prompt style
-
-  @property
-  def batch(self) -> int:
-    return self.env_groups * self.group_size
-
-  @property
-  def max_generated(self) -> int:
-    """The most tokens an episode can generate."""
-    return self.max_turns * self.max_new_tokens
-
-  @property
-  def sampling(self) -> sampling.Sampling:
-    return sampling.Sampling(self.temperature, self.top_k, self.top_p)
-
-  def prompt_settings(self) -> PromptSettings:
-    return PromptSettings(
-      enable_think=self.enable_think,
-      max_actions_per_turn=self.max_actions_per_turn,
-      response_hint=self.max_new_tokens,
-      answer_vocab=self.answer_vocab,
-      style=self.prompt,
-      observation_tokens=self.observation_tokens,
-    )
+from starpo_jax.agent.codec import Codec
+from starpo_jax.agent.rollout_config import RolloutConfig
+from starpo_jax.agent.turn import (
+  Carry,
+  Policy,
+  TurnRecord,
+  act,
+  call_tools,
+  decode,
+  end_turn,
+  prompt,
+)
 
 
 @struct.dataclass
@@ -156,108 +89,6 @@ class Trajectory:
     return jnp.sum(self.turn_played, axis=-1)
 
 
-@struct.dataclass
-class _Carry:
-  states: object  # environment states, [B, ...]
-  cache: Any
-  tokens: jax.Array  # [B, W]
-  loss_mask: jax.Array  # [B, W]
-  turn_ids: jax.Array  # [B, W]
-  logprobs: jax.Array  # [B, W]
-  entropy: jax.Array  # [B, W]
-  rewards: jax.Array  # [B, W]
-  done: jax.Array  # [B]
-  used: jax.Array  # [B] actions executed
-  last_reward: jax.Array  # [B]
-  warn: jax.Array  # [B]
-  ended_by_stop: jax.Array  # [B]
-  terminated: jax.Array  # [B]
-  success: jax.Array  # [B]
-  context_truncated: jax.Array  # [B]
-  result: jax.Array  # [B, R] a tool's result, for the next observation
-  result_length: jax.Array  # [B] its tokens; 0: no result to show
-  results_cut: jax.Array  # [B] tool results cut to their budget
-  key: jax.Array
-
-
-@struct.dataclass
-class _Decode:
-  step: jax.Array  # []
-  logits: jax.Array  # [B, V] for the next token
-  live: jax.Array  # [B]
-  stop_state: jax.Array  # [B] "</answer>" automaton
-  tool_state: jax.Array  # [B] "</tool>" automaton (tools only)
-  reply: jax.Array  # [B, T]
-  count: jax.Array  # [B] tokens generated this turn
-  last: jax.Array  # [B] last token generated
-  cache: Any
-  tokens: jax.Array  # [B, W]
-  loss_mask: jax.Array  # [B, W]
-  logprobs: jax.Array  # [B, W]
-  entropy: jax.Array  # [B, W]
-  turn_ids: jax.Array  # [B, W]
-  key: jax.Array
-
-
-@struct.dataclass
-class _Prompted:
-  """A turn after its prompt chunk was prefilled."""
-
-  active: jax.Array  # [B] the episode plays this turn
-  fits: jax.Array  # [B] the chunk and one token fit the context
-  context_truncated: jax.Array  # [B] so far, this turn included
-  decode: _Decode  # the decode loop's starting state
-
-
-@struct.dataclass
-class _Acting:
-  """The action scan's carry: one turn's parsed actions played in order."""
-
-  states: object  # environment states, [B, ...]
-  used: jax.Array  # [B] actions executed in the episode
-  env_done: jax.Array  # [B] the environment ended during this turn
-  reward: jax.Array  # [B] the turn's environment reward
-  effective: jax.Array  # [B] some action changed the state
-  success: jax.Array  # [B]
-  terminated: jax.Array  # [B]
-  unavailable: jax.Array  # [B] parts naming an action not offered here
-
-
-@struct.dataclass
-class _TurnRecord:
-  """What a turn leaves in the trajectory's per-turn arrays, ``[B]`` each
-  (``actions [B, A]``)."""
-
-  reward: jax.Array
-  played: jax.Array
-  response_length: jax.Array
-  format_ok: jax.Array
-  thought: jax.Array
-  think_tokens: jax.Array
-  valid: jax.Array
-  effective: jax.Array
-  penalized: jax.Array
-  actions: jax.Array
-  tool: jax.Array
-
-
-def _write(buffer: jax.Array, start: jax.Array, block: jax.Array, keep):
-  """Row-wise ``buffer[b, start[b]:start[b]+w] = block[b]`` where ``keep``."""
-
-  def one(row, s, new, k):
-    old = jax.lax.dynamic_slice(row, (s,), new.shape)
-    return jax.lax.dynamic_update_slice(row, jnp.where(k, new, old), (s,))
-
-  return jax.vmap(one)(buffer, start, block, keep)
-
-
-def _set(buffer: jax.Array, pos: jax.Array, value: jax.Array, keep):
-  """Row-wise ``buffer[b, pos[b]] = value[b]`` where ``keep``."""
-  rows = jnp.arange(buffer.shape[0])
-  pos = jnp.clip(pos, 0, buffer.shape[1] - 1)
-  return buffer.at[rows, pos].set(jnp.where(keep, value, buffer[rows, pos]))
-
-
 def context_needed(codec: Codec, cfg: RolloutConfig, turns: int) -> int:
   """The longest context ``turns`` turns of ``cfg`` can fill: the system
   prompt, then per turn its prompt chunk and reply."""
@@ -290,18 +121,6 @@ def reset_key(key: jax.Array) -> jax.Array:
   return jax.random.split(key)[0]
 
 
-class Policy(Protocol):
-  """What the rollout needs of a model (``Transformer`` is one)."""
-
-  def init_cache(self, batch: int, size: int) -> Any: ...
-
-  def hidden(self, tokens, cache, num_new=None) -> tuple[jax.Array, Any]: ...
-
-  def logits(self, h: jax.Array) -> jax.Array: ...
-
-  def __call__(self, tokens, cache, num_new=None) -> tuple[jax.Array, Any]: ...
-
-
 def _start(
   model: Policy,
   codec: Codec,
@@ -310,7 +129,7 @@ def _start(
   states: Any,
   k_sample: jax.Array,
   chunk: int,
-) -> _Carry:
+) -> Carry:
   """The episodes ``states`` with the system prompt prefilled (once, then
   broadcast: it is the same for every episode)."""
   b, length = cfg.batch, cfg.max_context
@@ -328,7 +147,7 @@ def _start(
   zeros = jnp.zeros((b, width), jnp.int32)
   false = jnp.zeros((b,), bool)
   results = codec.tools.budget if codec.tools else 1
-  return _Carry(
+  return Carry(
     states=states,
     cache=cache.broadcast(b),
     tokens=zeros.at[:, : system.shape[0]].set(system),
@@ -353,234 +172,6 @@ def _start(
   )
 
 
-def _prompt(
-  model: Policy,
-  codec: Codec,
-  env: BatchEnv,
-  cfg: RolloutConfig,
-  c: _Carry,
-  turn: jax.Array,
-  chunk: int,
-) -> _Prompted:
-  """Renders each live episode's turn prompt, writes it after the context
-  and prefills it; the next token's logits start the decode."""
-  b, length = cfg.batch, cfg.max_context
-  obs = codec.render_batch(*env.render(c.states))
-  if codec.tools is not None:
-    # The last turn's tool result, then the (unchanged) observation.
-    obs = jax.vmap(
-      lambda r, rn, o, on: pack(
-        [
-          (r, jnp.arange(r.shape[0]) < rn),
-          (o, jnp.arange(o.shape[0]) < on),
-        ],
-        codec.obs_width,
-      )
-    )(c.result, c.result_length, *obs)
-  left = cfg.max_actions_per_traj - c.used
-  prompt, count = jax.vmap(
-    lambda o, r, w, a, e: codec.turn_chunk(
-      turn, o, r, w, a, e, chunk, cfg.max_turns, cfg.max_actions_per_traj
-    )
-  )(obs, c.last_reward, c.warn, left, c.ended_by_stop)
-  start = c.cache.length
-  fits = start + count + 1 <= length
-  active = ~c.done & fits
-  ids = jnp.where(jnp.arange(chunk) < count[:, None], turn, -1)
-  h, cache = model.hidden(prompt, c.cache, jnp.where(active, count, 0))
-  last_h = jnp.take_along_axis(h, jnp.maximum(count - 1, 0)[:, None, None], 1)
-  zero = jnp.zeros((b,), jnp.int32)
-  return _Prompted(
-    active=active,
-    fits=fits,
-    context_truncated=c.context_truncated | (~c.done & ~fits),
-    decode=_Decode(
-      step=jnp.zeros((), jnp.int32),
-      logits=model.logits(last_h)[:, 0],
-      live=active,
-      stop_state=zero,
-      tool_state=zero,
-      reply=jnp.zeros((b, cfg.max_new_tokens), jnp.int32),
-      count=zero,
-      last=zero,
-      cache=cache,
-      tokens=_write(c.tokens, start, prompt, active[:, None]),
-      loss_mask=c.loss_mask,
-      logprobs=c.logprobs,
-      entropy=c.entropy,
-      turn_ids=_write(c.turn_ids, start, ids, active[:, None]),
-      key=c.key,
-    ),
-  )
-
-
-def _decode_token(
-  model: Policy, codec: Codec, cfg: RolloutConfig, turn: jax.Array, d: _Decode
-) -> _Decode:
-  """Samples one token for every live sequence, records it and feeds it
-  back; a sequence stops at ``</answer>``, a chat stop token or the
-  context's end."""
-  key, sub = jax.random.split(d.key)
-  tok, logp = sampling.sample(sub, d.logits, cfg.sampling, codec.allowed)
-  dist = sampling.policy_logprobs(d.logits, cfg.temperature, codec.allowed)
-  ent = -jnp.sum(jnp.exp(dist) * dist, axis=-1)
-  pos, live = d.cache.length, d.live
-  stop_state, hit = codec.stop_step(d.stop_state, tok)
-  tool_state = d.tool_state
-  if codec.tools is not None:
-    tool_state, tool_hit = codec.tool_stop_step(d.tool_state, tok)
-    hit = hit | tool_hit
-  logits, cache = model(tok[:, None], d.cache, live.astype(jnp.int32))
-  stop_ids = jnp.asarray(codec.stop_ids, jnp.int32)
-  stop = hit | jnp.isin(tok, stop_ids) | (cache.length >= cfg.max_context)
-  return _Decode(
-    step=d.step + 1,
-    logits=logits[:, 0],
-    live=live & ~stop,
-    stop_state=jnp.where(live, stop_state, d.stop_state),
-    tool_state=jnp.where(live, tool_state, d.tool_state),
-    reply=d.reply.at[:, d.step].set(jnp.where(live, tok, 0)),
-    count=d.count + live,
-    last=jnp.where(live, tok, d.last),
-    cache=cache,
-    tokens=_set(d.tokens, pos, tok, live),
-    loss_mask=_set(d.loss_mask, pos, jnp.ones_like(live), live),
-    logprobs=_set(d.logprobs, pos, logp, live),
-    entropy=_set(d.entropy, pos, ent, live),
-    turn_ids=_set(d.turn_ids, pos, jnp.full_like(tok, turn), live),
-    key=key,
-  )
-
-
-def _decode(
-  model: Policy, codec: Codec, cfg: RolloutConfig, turn: jax.Array, d: _Decode
-) -> _Decode:
-  """Decodes until every sequence stopped or ``max_new_tokens`` (the
-  loop's bound, named for ``hlo_cost``)."""
-  with jax.named_scope("decode"):
-    return jax.lax.while_loop(
-      lambda d: (d.step < cfg.max_new_tokens) & jnp.any(d.live),
-      lambda d: _decode_token(model, codec, cfg, turn, d),
-      d,
-    )
-
-
-def _act(
-  env: BatchEnv,
-  cfg: RolloutConfig,
-  c: _Carry,
-  parsed: Any,
-  active: jax.Array,
-) -> tuple[_Acting, jax.Array]:
-  """Plays a turn's parsed actions ``[B, A]`` in order while the episode
-  lives, within its action budget; an environment with text answers takes
-  the answer's bytes in one step.
-
-  Returns:
-    The environments after them, and the actions executed ``[A, B]``
-    (-1 where none was).
-  """
-  actions = parsed.actions[:, : cfg.max_actions_per_turn]
-  answer = None
-  if env.spec.text_answers:
-    actions = actions[:, :1]
-    answer = envs.Answer(parsed.answer, parsed.answer_length)
-  t = env.act(
-    c.states, actions, answer, active, c.used, cfg.max_actions_per_traj
-  )
-  return _Acting(
-    states=t.states,
-    used=t.used,
-    env_done=t.done,
-    reward=t.reward,
-    effective=t.effective,
-    success=jnp.where(t.stepped, t.success, c.success),
-    terminated=jnp.where(t.stepped, t.terminated, c.terminated),
-    unavailable=t.unavailable,
-  ), t.executed
-
-
-def _call_tools(codec: Codec, d: _Decode, active: jax.Array) -> Results | None:
-  """Runs the tool calls of the turn's replies (``envs.tools``), in one
-  host call; None where the environment has no tools."""
-  if codec.tools is None:
-    return None
-  data, count = jax.vmap(codec.to_bytes)(d.reply, d.count)
-  return codec.tools(data, count, active)
-
-
-def _end_turn(
-  codec: Codec,
-  cfg: RolloutConfig,
-  c: _Carry,
-  p: _Prompted,
-  d: _Decode,
-  parsed: Any,
-  a: _Acting,
-  executed: jax.Array,
-  turn: jax.Array,
-  calls: Results | None,
-) -> tuple[_Carry, _TurnRecord]:
-  """The turn's reward (with the format penalty) on its last token, what
-  ends the episode, and the turn's record."""
-  active = p.active
-  no = jnp.zeros_like(active)
-  called = active & (calls.called if calls else no)
-  malformed = active & (calls.malformed if calls else no)
-  answered = active & ~called
-  # An action name the environment does not offer in this state (the
-  # bandit's arms are two of many names) is invalid, as in RAGEN, where
-  # each episode's action lookup holds only what it offers: it costs the
-  # format penalty rather than passing as a free no-op. A tool call is
-  # penalized only when malformed.
-  num_valid = parsed.num_valid - a.unavailable
-  penalized = malformed | (
-    answered & ((num_valid == 0) | (num_valid < parsed.num_parts))
-  )
-  reward = a.reward + jnp.where(penalized, cfg.format_penalty, 0.0)
-  rewards = _set(c.rewards, d.cache.length - 1, reward, active & (d.count > 0))
-  # A tool's result is shown by the next turn only.
-  shown = None if calls is None else jnp.where(called, calls.length, 0)
-  out_of_budget = a.used >= cfg.max_actions_per_traj
-  ended = active & (a.env_done | out_of_budget | (turn == cfg.max_turns - 1))
-  carry = _Carry(
-    states=a.states,
-    cache=d.cache,
-    tokens=d.tokens,
-    loss_mask=d.loss_mask,
-    turn_ids=d.turn_ids,
-    logprobs=d.logprobs,
-    entropy=d.entropy,
-    rewards=rewards,
-    done=c.done | ended | ~p.fits,
-    used=a.used,
-    last_reward=jnp.where(active, reward, c.last_reward),
-    warn=answered & (num_valid == 0),
-    ended_by_stop=d.last == codec.chat_stop,
-    terminated=a.terminated,
-    success=a.success,
-    context_truncated=p.context_truncated,
-    result=c.result if calls is None else calls.tokens,
-    result_length=c.result_length if calls is None else shown,
-    results_cut=c.results_cut + (no if calls is None else called & calls.cut),
-    key=d.key,
-  )
-  record = _TurnRecord(
-    reward=jnp.where(active, reward, 0.0),
-    played=active,
-    response_length=jnp.where(active, d.count, 0),
-    format_ok=(answered & parsed.matched) | (called & ~malformed),
-    thought=active & parsed.thought,
-    think_tokens=jnp.where(answered & parsed.matched, parsed.think_tokens, 0),
-    valid=answered & (num_valid > 0) & (num_valid == parsed.num_parts),
-    effective=active & a.effective,
-    penalized=penalized,
-    actions=executed.T,
-    tool=called,
-  )
-  return carry, record
-
-
 def rollout(
   model: Policy,
   codec: Codec,
@@ -593,10 +184,10 @@ def rollout(
   arguments (``env``, an environment ``envs.batched`` takes, and ``cfg``
   are static).
 
-  Each turn: ``_prompt`` (render, write, prefill), ``_decode`` (sample the
-  reply), parse, ``_call_tools`` (where the environment has tools),
-  ``_act`` (step the environment through the parsed actions),
-  ``_end_turn`` (reward, termination, the turn's record).
+  Each turn: ``prompt`` (render, write, prefill), ``decode`` (sample the
+  reply), parse, ``call_tools`` (where the environment has tools),
+  ``act`` (step the environment through the parsed actions),
+  ``end_turn`` (reward, termination, the turn's record).
 
   The cache ``model.init_cache`` returns must have ``length [B]`` (tokens
   held per sequence) and ``broadcast(batch)``. ``constrain`` places
@@ -638,15 +229,15 @@ def _play(
   chunk = codec.turn_chunk_size(cfg.max_turns, cfg.max_actions_per_traj)
   carry = constrain(_start(model, codec, env, cfg, states, k_sample, chunk))
 
-  def turn_body(c: _Carry, turn: jax.Array) -> tuple[_Carry, _TurnRecord]:
-    p = _prompt(model, codec, env, cfg, c, turn, chunk)
-    d = _decode(model, codec, cfg, turn, p.decode)
+  def turn_body(c: Carry, turn: jax.Array) -> tuple[Carry, TurnRecord]:
+    p = prompt(model, codec, env, cfg, c, turn, chunk)
+    d = decode(model, codec, cfg, turn, p.decode)
     parsed = constrain(jax.vmap(codec.parse)(d.reply, d.count))
-    calls = _call_tools(codec, d, p.active)
+    calls = call_tools(codec, d, p.active)
     # A reply that calls a tool has no answer (decoding stopped at
     # "</tool>"), so it steps nothing.
-    a, executed = _act(env, cfg, c, parsed, p.active)
-    c, record = _end_turn(codec, cfg, c, p, d, parsed, a, executed, turn, calls)
+    a, executed = act(env, cfg, c, parsed, p.active)
+    c, record = end_turn(codec, cfg, c, p, d, parsed, a, executed, turn, calls)
     return constrain(c), record
 
   c, turns = jax.lax.scan(turn_body, carry, jnp.arange(cfg.max_turns))

@@ -164,6 +164,22 @@ def check(
       "environments only: set sft.steps=0, or warm start on a jittable "
       "environment and start from that run with train.init_from"
     )
+  _check_expert(env, name, expert)
+  if rollout_cfg.enable_think and rollout_cfg.max_turns > 1:
+    raise ValueError(
+      "sft: in think mode the warm start imitates first turns (the "
+      "policy's own reasoning, then the expert's answer): set "
+      "sft.max_turns=1"
+    )
+  if rollout_cfg.enable_think and expert == "world_model":
+    raise ValueError(
+      "sft: expert='world_model' needs rollout.enable_think=False"
+    )
+  _check_reply_fits(env, rollout_cfg, replies, reasoning_tokens)
+
+
+def _check_expert(env: Any, name: str, expert: str) -> None:
+  """Raises ``ValueError`` where ``env`` has nothing for ``expert``."""
   if env.spec.text_answers:
     if expert != "planner":
       raise ValueError(
@@ -182,16 +198,13 @@ def check(
       "imitate; sft.expert='search' imitates the shortest of many random "
       "successes"
     )
-  if rollout_cfg.enable_think and rollout_cfg.max_turns > 1:
-    raise ValueError(
-      "sft: in think mode the warm start imitates first turns (the "
-      "policy's own reasoning, then the expert's answer): set "
-      "sft.max_turns=1"
-    )
-  if rollout_cfg.enable_think and expert == "world_model":
-    raise ValueError(
-      "sft: expert='world_model' needs rollout.enable_think=False"
-    )
+
+
+def _check_reply_fits(
+  env: Any, rollout_cfg: RolloutConfig, replies: Replies, reasoning_tokens: int
+) -> None:
+  """Raises ``ValueError`` where the expert's reply outgrows the reply
+  budget (``rollout.max_new_tokens``)."""
   if env.spec.text_answers:
     pieces = solution_width(env)
     need, what = replies.turn_tokens(pieces), f"an answer of {pieces} pieces"

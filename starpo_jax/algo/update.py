@@ -207,6 +207,24 @@ def _losses(
   return policy_loss, critic_loss
 
 
+def _minibatch_update(spec: StepSpec, carry, grads, losses, live):
+  """One minibatch's policy (and critic) update; ``grads(objective)`` is
+  the minibatch's gradient of ``objective``."""
+  learner, (policy_loss, critic_loss) = spec.learner, losses
+  params, opt, c_params, c_opt = carry
+  params, opt, stats, finite = apply_gradients(
+    learner.policy_tx, grads(policy_loss), params, opt, live
+  )
+  if spec.algo.uses_critic:
+    c_params, c_opt, c_stats, c_finite = apply_gradients(
+      learner.critic_tx, grads(critic_loss), c_params, c_opt, live
+    )
+    stats.update(c_stats, critic_grad_norm=c_stats.pop("grad_norm"))
+    finite = finite & c_finite
+  stats.update(live=live, skipped=live & ~finite)
+  return (params, opt, c_params, c_opt), stats
+
+
 def update(
   spec: StepSpec,
   state: TrainState,
@@ -235,33 +253,18 @@ def update(
   size = episodes // algo.minibatches
   lengths = bucket_lengths(context, algo.length_buckets)
   part, frozen = trainable(learner, state.policy)
-  policy_loss, critic_loss = _losses(spec, state, spec.distribution(codec))
+  losses = _losses(spec, state, spec.distribution(codec))
 
   def at(tokens: jax.Array):
     micro = micro_batches(size, tokens.shape[1], algo.micro_batch_tokens)
 
     def train_minibatch(carry, mb: Batch):
-      params, opt, c_params, c_opt = carry
       mb = constrain(mb)
-      live = jnp.any(mb.mask)
       grads = lambda objective: batch_gradients(
         objective, mb, micro, algo.loss_agg
       )
-      params, opt, stats, finite = apply_gradients(
-        learner.policy_tx, grads(policy_loss), params, opt, live
-      )
-      if algo.uses_critic:
-        c_params, c_opt, c_stats, c_finite = apply_gradients(
-          learner.critic_tx,
-          grads(critic_loss),
-          c_params,
-          c_opt,
-          live,
-        )
-        stats.update(c_stats, critic_grad_norm=c_stats.pop("grad_norm"))
-        finite = finite & c_finite
-      stats.update(live=live, skipped=live & ~finite)
-      return (params, opt, c_params, c_opt), stats
+      live = jnp.any(mb.mask)
+      return _minibatch_update(spec, carry, grads, losses, live)
 
     def epoch(carry, k):
       parts = minibatches(batch.replace(tokens=tokens), keep, size, k, episodes)

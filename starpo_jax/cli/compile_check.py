@@ -196,26 +196,8 @@ def check(
   if hlo:
     with open(hlo, "w") as f:
       f.write(compiled.as_text())
-  params = sum(
-    sharding.bytes_per_device(t)
-    for t in (state.policy, state.critic, state.reference)
-    if t is not None
-  )
-  optimizer = sum(
-    sharding.bytes_per_device(t)
-    for t in (state.policy_opt, state.critic_opt)
-    if t is not None
-  )
   count = sum(math.prod(x.shape) for x in jax.tree.leaves(state.policy))
   field = lambda name: int(getattr(mem, name, 0) or 0)
-  # Live at the peak: the arguments (the state, donated), outputs that do
-  # not reuse an argument's buffer, and XLA's temporaries.
-  peak = (
-    field("argument_size_in_bytes")
-    + field("output_size_in_bytes")
-    - field("alias_size_in_bytes")
-    + field("temp_size_in_bytes")
-  )
   kind = devices[0].device_kind
   m = setup.model_cfg
   return {
@@ -231,14 +213,32 @@ def check(
     "tpu_kernels": lowered.as_text().count("tpu_custom_call"),
     "policy_parameters": count,
     "compile_s": seconds,
-    "param_bytes": params,
-    "optimizer_bytes": optimizer,
+    **_state_bytes(state),
     "activation_bytes": field("temp_size_in_bytes"),
     "argument_bytes": field("argument_size_in_bytes"),
-    "peak_bytes": peak,
+    # Live at the peak: the arguments (the state, donated), outputs that
+    # do not reuse an argument's buffer, and XLA's temporaries.
+    "peak_bytes": field("argument_size_in_bytes")
+    + field("output_size_in_bytes")
+    - field("alias_size_in_bytes")
+    + field("temp_size_in_bytes"),
     "hbm_bytes": HBM.get(kind),
     "code_bytes": field("generated_code_size_in_bytes"),
     **_work(compiled, setup.config.rollout, kind),
+  }
+
+
+def _state_bytes(state) -> dict[str, int]:
+  """The train state's bytes on one device: parameters (policy, critic,
+  reference) and optimizer moments."""
+  from starpo_jax import sharding
+
+  per_device = lambda trees: sum(
+    sharding.bytes_per_device(t) for t in trees if t is not None
+  )
+  return {
+    "param_bytes": per_device((state.policy, state.critic, state.reference)),
+    "optimizer_bytes": per_device((state.policy_opt, state.critic_opt)),
   }
 
 

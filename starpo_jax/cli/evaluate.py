@@ -88,43 +88,48 @@ def _temperatures(values: list[str] | None) -> tuple[float, ...] | None:
     ) from None
 
 
-def main(argv: list[str]) -> dict[str, Any]:
-  """The command line (``argv[0]`` is the program name)."""
+def _flags():
+  """The command's flags, in their own ``FlagValues`` (the command runs
+  inside tests too), by name."""
   from absl import flags
   from ml_collections import config_flags
 
   fv = flags.FlagValues()
-  config = config_flags.DEFINE_config_file(
+  config_flags.DEFINE_config_file(
     "config",
     None,
     "Config file (default: WORKDIR/config.json).",
     flag_values=fv,
   )
-  workdir = flags.DEFINE_string(
-    "workdir", None, "A run directory.", flag_values=fv
-  )
-  ckpt = flags.DEFINE_string(
+  flags.DEFINE_string("workdir", None, "A run directory.", flag_values=fv)
+  flags.DEFINE_string(
     "ckpt", None, "A checkpoint directory (needs --config).", flag_values=fv
   )
-  step = flags.DEFINE_integer(
+  flags.DEFINE_integer(
     "step", None, "Checkpoint step (latest).", flag_values=fv
   )
-  out = flags.DEFINE_string("out", None, "Output directory.", flag_values=fv)
-  episodes = flags.DEFINE_integer(
+  flags.DEFINE_string("out", None, "Output directory.", flag_values=fv)
+  flags.DEFINE_integer(
     "episodes", None, "Held-out levels (train.eval_episodes).", flag_values=fv
   )
-  samples = flags.DEFINE_integer(
-    "samples", 1, "Plays per level.", flag_values=fv
-  )
-  temps = flags.DEFINE_list(
+  flags.DEFINE_integer("samples", 1, "Plays per level.", flag_values=fv)
+  flags.DEFINE_list(
     "temperatures",
     None,
     "e.g. 0.5,0 (train.eval_temperatures).",
     flag_values=fv,
   )
-  shown = flags.DEFINE_integer(
+  flags.DEFINE_integer(
     "transcripts", 8, "Episodes written as readable text.", flag_values=fv
   )
+  return fv
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+  """The command line (``argv[0]`` is the program name)."""
+  from absl import flags
+
+  fv = _flags()
   if cli_app.wants_help(argv):
     print(__doc__)
     print(fv.get_help())
@@ -133,23 +138,22 @@ def main(argv: list[str]) -> dict[str, Any]:
     fv(argv)
   except flags.Error as e:
     raise SystemExit(f"evaluate: {e}") from None
-  source = _source(workdir.value, ckpt.value, config.value)
-  cfg = config.value
+  source = _source(fv.workdir, fv.ckpt, fv.config)
+  cfg = fv.config
   try:
     if cfg is None:
-      if ckpt.value is not None:
+      if fv.ckpt is not None:
         raise assembly.ConfigError("--ckpt needs --config")
       cfg = assembly.load_config(source)
-    temperatures = _temperatures(temps.value)
     summary = evaluator.evaluate_checkpoint(
       cfg,
       source,
-      step=step.value,
-      out=out.value,
-      episodes=episodes.value,
-      samples=samples.value,
-      temperatures=temperatures,
-      transcripts=shown.value,
+      step=fv.step,
+      out=fv.out,
+      episodes=fv.episodes,
+      samples=fv.samples,
+      temperatures=_temperatures(fv.temperatures),
+      transcripts=fv.transcripts,
     )
   except assembly.ConfigError as e:
     raise SystemExit(f"evaluate: {e}") from None

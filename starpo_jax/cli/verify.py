@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 import envs
-from starpo_jax.agent import codec
+from starpo_jax.agent import prompt as prompt_lib
 from starpo_jax.models import checkpoints, gguf
 from starpo_jax.models import tokenizer as tokenizer_lib
 
@@ -68,7 +68,7 @@ _GREEDY_PROMPT = "What is the capital of France? Answer in one sentence."
 def environment_prompts(per_env: int, seed: int = 0) -> tuple[str, ...]:
   """RAGEN's first-turn prompts (system message, the state, think
   format), chat-templated, on ``per_env`` levels of each environment."""
-  settings = codec.PromptSettings(enable_think=True)
+  settings = prompt_lib.PromptSettings(enable_think=True)
   out = []
   for name in _PROMPT_ENVS:
     env = envs.make(name)
@@ -79,7 +79,7 @@ def environment_prompts(per_env: int, seed: int = 0) -> tuple[str, ...]:
     for b in range(per_env):
       state = envs.to_text(env.spec, pieces[b], n[b])
       messages = [
-        ("system", codec.system_text(env.spec, settings)),
+        ("system", prompt_lib.system_text(env.spec, settings)),
         ("user", f"Turn 1:\nState:\n{state}"),
       ]
       out.append(tokenizer_lib.CHATML.render(messages, True) + "<think>")

@@ -338,18 +338,6 @@ def cached(
   needed = jnp.max(positions) + 1
   blocks = (jnp.minimum(needed, size) + blk - 1) // blk
 
-  def scores_of(kb, start):
-    if t == 1:
-      # One query row: a fused multiply-reduce streams the block once (a
-      # matmul of a few rows is far slower on CPU).
-      s = jnp.sum(q[:, 0, :, :, None, :] * kb[:, :, None], axis=-1)
-      s = s[:, :, :, None, :]  # [B, K, G, 1, blk]
-    else:
-      s = jnp.einsum("BTKGH,BKSH->BKGTS", q, kb)
-    slots = start + jnp.arange(blk)
-    ok = slots[None, None, :] <= positions[:, :, None]  # [B, T, blk]
-    return jnp.where(ok[:, None, None], s, -jnp.inf)
-
   def body(carry):
     i, m, total, acc = carry
     start = jnp.minimum(i * blk, size - blk)
@@ -357,20 +345,14 @@ def cached(
     vb = jax.lax.dynamic_slice_in_dim(v, start, blk, axis=2).astype(jnp.float32)
     # A last block that overlaps the previous one must not count twice.
     fresh = start + jnp.arange(blk) >= i * blk
-    s = scores_of(kb, start)
+    s = _block_scores(q, kb, start, positions)
     s = jnp.where(fresh, s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
     safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
     p = jnp.exp(s - safe[..., None])
     scale = jnp.exp(jnp.where(jnp.isfinite(m), m - safe, -jnp.inf))
     total = total * scale + jnp.sum(p, axis=-1)
-    if t == 1:
-      pv = jnp.sum(p[:, :, :, 0, :, None] * vb[:, :, None], axis=-2)[
-        :, :, :, None
-      ]
-    else:
-      pv = jnp.einsum("BKGTS,BKSH->BKGTH", p, vb)
-    acc = acc * scale[..., None] + pv
+    acc = acc * scale[..., None] + _block_values(p, vb)
     return i + 1, m_new, total, acc
 
   init = (
@@ -385,6 +367,35 @@ def cached(
   out = acc / jnp.maximum(total, 1e-30)[..., None]  # [B, K, G, T, H]
   out = jnp.moveaxis(out, 3, 1).reshape(b, t, n, h)
   return out.astype(v.dtype)
+
+
+def _block_scores(
+  q: jax.Array, kb: jax.Array, start: jax.Array, positions: jax.Array
+) -> jax.Array:
+  """Scores ``[B, K, G, T, blk]`` of queries ``q [B, T, K, G, H]`` against
+  the key block ``kb [B, K, blk, H]`` starting at slot ``start``; -inf
+  past each query's position."""
+  t, blk = q.shape[1], kb.shape[2]
+  if t == 1:
+    # One query row: a fused multiply-reduce streams the block once (a
+    # matmul of a few rows is far slower on CPU).
+    s = jnp.sum(q[:, 0, :, :, None, :] * kb[:, :, None], axis=-1)
+    s = s[:, :, :, None, :]  # [B, K, G, 1, blk]
+  else:
+    s = jnp.einsum("BTKGH,BKSH->BKGTS", q, kb)
+  slots = start + jnp.arange(blk)
+  ok = slots[None, None, :] <= positions[:, :, None]  # [B, T, blk]
+  return jnp.where(ok[:, None, None], s, -jnp.inf)
+
+
+def _block_values(p: jax.Array, vb: jax.Array) -> jax.Array:
+  """The value block ``vb [B, K, blk, H]`` weighted by ``p [B, K, G, T,
+  blk]``: ``[B, K, G, T, H]``."""
+  if p.shape[3] == 1:
+    return jnp.sum(p[:, :, :, 0, :, None] * vb[:, :, None], axis=-2)[
+      :, :, :, None
+    ]
+  return jnp.einsum("BKGTS,BKSH->BKGTH", p, vb)
 
 
 def _row_prefill(

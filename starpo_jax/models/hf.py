@@ -15,44 +15,30 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from flax import nnx, traverse_util
 
 from starpo_jax.models import config as model_config
 from starpo_jax.models import lora
 from starpo_jax.models.config import ModelConfig, RopeScaling
+from starpo_jax.models.safetensors_file import (
+  CheckpointError,
+  SafetensorsFile,
+  header_bytes,
+  open_tensors,
+)
 from starpo_jax.models.transformer import Transformer
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
 _MODEL_TYPES = {"qwen2": "qwen2", "llama": "llama"}
-_DTYPES = {
-  "F64": np.dtype(np.float64),
-  "F32": np.dtype(np.float32),
-  "F16": np.dtype(np.float16),
-  "BF16": np.dtype(ml_dtypes.bfloat16),
-  "I64": np.dtype(np.int64),
-  "I32": np.dtype(np.int32),
-  "I16": np.dtype(np.int16),
-  "I8": np.dtype(np.int8),
-  "U8": np.dtype(np.uint8),
-  "BOOL": np.dtype(np.bool_),
-}
-_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 # Buffers some checkpoints carry that are not parameters.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 DEFAULT_SHARD_BYTES = 4 << 30
-
-
-class CheckpointError(ValueError):
-  """A checkpoint that cannot be loaded; the message names the file or
-  tensor."""
 
 
 # ----------------------------------------------------------------------------
@@ -61,49 +47,15 @@ class CheckpointError(ValueError):
 
 def config_from_hf(hf: dict[str, Any], where: str) -> ModelConfig:
   """``config.json`` contents -> ``ModelConfig``; ``where`` names the file."""
-  archs = hf.get("architectures") or []
-  known = [a for a in archs if a in ARCHITECTURES]
-  if not known:
-    raise CheckpointError(
-      f"{where}: architectures {archs} is not supported; supported: "
-      f"{', '.join(ARCHITECTURES)}"
-    )
-  family = ARCHITECTURES[known[0]]
+  family = _family(hf, where)
 
   def need(key: str) -> Any:
     if key not in hf:
       raise CheckpointError(f"{where}: missing key {key!r}")
     return hf[key]
 
-  if hf.get("hidden_act", "silu") != "silu":
-    raise CheckpointError(
-      f"{where}: hidden_act {hf['hidden_act']!r} is not supported (silu only)"
-    )
-  if family == "qwen2" and hf.get("use_sliding_window"):
-    raise CheckpointError(f"{where}: sliding-window attention is not supported")
-  if family == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
-    raise CheckpointError(
-      f"{where}: Llama attention_bias / mlp_bias are not supported"
-    )
   heads = need("num_attention_heads")
-  rope = dict(hf.get("rope_parameters") or {})
-  legacy = hf.get("rope_scaling") or {}
-  rope.update({k: v for k, v in legacy.items() if k not in rope})
-  theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
-  kind = rope.get("rope_type", rope.get("type", "default"))
-  scaling = None
-  if kind == "linear":
-    scaling = RopeScaling("linear", float(rope["factor"]))
-  elif kind == "llama3":
-    scaling = RopeScaling(
-      "llama3",
-      float(rope["factor"]),
-      float(rope["low_freq_factor"]),
-      float(rope["high_freq_factor"]),
-      int(rope["original_max_position_embeddings"]),
-    )
-  elif kind != "default":
-    raise CheckpointError(f"{where}: rope type {kind!r} is not supported")
+  theta, scaling = _rope(hf, where)
   dtype = hf.get("dtype", hf.get("torch_dtype", "float32"))
   eos = hf.get("eos_token_id")
   return model_config.validate(
@@ -118,7 +70,7 @@ def config_from_hf(hf: dict[str, Any], where: str) -> ModelConfig:
       family=family,
       qkv_bias=family == "qwen2",
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      rope_theta=float(theta),
+      rope_theta=theta,
       rope_scaling=scaling,
       rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
       max_position_embeddings=int(hf.get("max_position_embeddings", 32_768)),
@@ -128,6 +80,53 @@ def config_from_hf(hf: dict[str, Any], where: str) -> ModelConfig:
       eos_token_id=eos[0] if isinstance(eos, list) else eos,
     )
   )
+
+
+def _family(hf: dict[str, Any], where: str) -> str:
+  """The architecture's family, refusing what the model does not
+  implement."""
+  archs = hf.get("architectures") or []
+  known = [a for a in archs if a in ARCHITECTURES]
+  if not known:
+    raise CheckpointError(
+      f"{where}: architectures {archs} is not supported; supported: "
+      f"{', '.join(ARCHITECTURES)}"
+    )
+  family = ARCHITECTURES[known[0]]
+  if hf.get("hidden_act", "silu") != "silu":
+    raise CheckpointError(
+      f"{where}: hidden_act {hf['hidden_act']!r} is not supported (silu only)"
+    )
+  if family == "qwen2" and hf.get("use_sliding_window"):
+    raise CheckpointError(f"{where}: sliding-window attention is not supported")
+  if family == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
+    raise CheckpointError(
+      f"{where}: Llama attention_bias / mlp_bias are not supported"
+    )
+  return family
+
+
+def _rope(hf: dict[str, Any], where: str) -> tuple[float, RopeScaling | None]:
+  """RoPE's base and scaling, from transformers' v5 ``rope_parameters`` or
+  the older ``rope_theta`` / ``rope_scaling``."""
+  rope = dict(hf.get("rope_parameters") or {})
+  legacy = hf.get("rope_scaling") or {}
+  rope.update({k: v for k, v in legacy.items() if k not in rope})
+  theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
+  kind = rope.get("rope_type", rope.get("type", "default"))
+  if kind == "linear":
+    return float(theta), RopeScaling("linear", float(rope["factor"]))
+  if kind == "llama3":
+    return float(theta), RopeScaling(
+      "llama3",
+      float(rope["factor"]),
+      float(rope["low_freq_factor"]),
+      float(rope["high_freq_factor"]),
+      int(rope["original_max_position_embeddings"]),
+    )
+  if kind != "default":
+    raise CheckpointError(f"{where}: rope type {kind!r} is not supported")
+  return float(theta), None
 
 
 def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
@@ -178,115 +177,6 @@ def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------
 # safetensors
-
-
-class SafetensorsFile:
-  """A memory-mapped safetensors file, checked against its own header."""
-
-  def __init__(self, path: str) -> None:
-    self.path = path
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-      head = f.read(8)
-      if len(head) < 8:
-        raise CheckpointError(f"{path}: truncated: no safetensors header")
-      (n,) = struct.unpack("<Q", head)
-      if 8 + n > size:
-        raise CheckpointError(
-          f"{path}: truncated: its header needs {8 + n} bytes, the file has "
-          f"{size}"
-        )
-      try:
-        header = json.loads(f.read(n))
-      except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: unreadable header: {e}") from None
-    header.pop("__metadata__", None)
-    data = size - 8 - n
-    self.entries: dict[str, tuple[np.dtype, tuple[int, ...], int, int]] = {}
-    for name, info in header.items():
-      if info.get("dtype") not in _DTYPES:
-        raise CheckpointError(
-          f"{path}: tensor {name} has unsupported dtype {info.get('dtype')}"
-        )
-      dtype = _DTYPES[info["dtype"]]
-      shape = tuple(info["shape"])
-      start, end = info["data_offsets"]
-      if end - start != math.prod(shape) * dtype.itemsize:
-        raise CheckpointError(
-          f"{path}: tensor {name} has {end - start} bytes for shape {shape}"
-        )
-      if end > data:
-        raise CheckpointError(
-          f"{path}: truncated: tensor {name} ends at data byte {end} but the "
-          f"file holds {data}"
-        )
-      self.entries[name] = (dtype, shape, start, end)
-    self._data = (
-      np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n, shape=(data,))
-      if data
-      else np.zeros(0, np.uint8)
-    )
-
-  def shape(self, name: str) -> tuple[int, ...]:
-    return self.entries[name][1]
-
-  def get(self, name: str) -> np.ndarray:
-    """The tensor as a read-only view of the mapped file (no copy)."""
-    dtype, shape, start, end = self.entries[name]
-    return self._data[start:end].view(dtype).reshape(shape)
-
-
-def _open_tensors(path: str) -> dict[str, SafetensorsFile]:
-  """Tensor name -> the file holding it, for a model directory."""
-  index = os.path.join(path, "model.safetensors.index.json")
-  if os.path.isfile(index):
-    with open(index) as f:
-      weight_map = json.load(f).get("weight_map")
-    if not isinstance(weight_map, dict):
-      raise CheckpointError(f"{index}: no weight_map")
-    files: dict[str, SafetensorsFile] = {}
-    for name in sorted(set(weight_map.values())):
-      file = os.path.join(path, name)
-      if not os.path.isfile(file):
-        raise CheckpointError(f"{file}: missing (listed in {index})")
-      files[name] = SafetensorsFile(file)
-    out = {}
-    for tensor, name in weight_map.items():
-      if tensor not in files[name].entries:
-        raise CheckpointError(
-          f"{files[name].path}: tensor {tensor} is missing (listed in {index})"
-        )
-      out[tensor] = files[name]
-    return out
-  names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
-  if not names:
-    pickled = [n for n in os.listdir(path) if n.endswith((".bin", ".pt"))]
-    hint = " (pickled checkpoints are never loaded: they can run code)"
-    raise CheckpointError(
-      f"{path}: no *.safetensors file{hint if pickled else ''}"
-    )
-  out = {}
-  for name in names:
-    file = SafetensorsFile(os.path.join(path, name))
-    for tensor in file.entries:
-      out[tensor] = file
-  return out
-
-
-def _header(entries: list[tuple[str, np.dtype, tuple[int, ...]]]) -> bytes:
-  header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-  offset = 0
-  for name, dtype, shape in entries:
-    size = math.prod(shape) * dtype.itemsize
-    header[name] = {
-      "dtype": _DTYPE_NAMES[dtype],
-      "shape": list(shape),
-      "data_offsets": [offset, offset + size],
-    }
-    offset += size
-  raw = json.dumps(header, separators=(",", ":")).encode()
-  raw += b" " * (-len(raw) % 8)
-  return struct.pack("<Q", len(raw)) + raw
 
 
 # ----------------------------------------------------------------------------
@@ -413,7 +303,7 @@ def load(
   """
   return load_tensors(
     read_config(path),
-    _open_tensors(path),
+    open_tensors(path),
     path,
     "config.json",
     dtype=dtype,
@@ -462,17 +352,7 @@ def load_tensors(
   for entry in layout:
     var = flat[entry.path]
     shape = var.get_value().shape
-    expected = _expected_hf_shape(entry, shape)
-    for name in entry.names(cfg.num_layers):
-      if name not in tensors:
-        raise CheckpointError(f"{where}: tensor {name} is missing")
-      if tensors[name].shape(name) != expected:
-        raise CheckpointError(
-          f"{tensors[name].path}: tensor {name} has shape "
-          f"{tensors[name].shape(name)}, expected {expected} from "
-          f"{config_name}"
-        )
-      used.add(name)
+    used |= _checked_names(cfg, entry, shape, tensors, where, config_name)
     sharding = _sharding_of(flat_shardings.get(entry.path), default_sharding)
     var.set_value(_read(entry, tensors, shape, param_dtype_np, sharding))
   for name, file in tensors.items():
@@ -487,6 +367,30 @@ def load_tensors(
       # Parameters not in Hugging Face checkpoints: the value head.
       var.set_value(jnp.zeros(value.shape, value.dtype))
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _checked_names(
+  cfg: ModelConfig,
+  entry: _Entry,
+  shape: tuple[int, ...],
+  tensors: dict[str, Any],
+  where: str,
+  config_name: str,
+) -> set[str]:
+  """The Hugging Face tensors ``entry`` reads, each checked to be there
+  with the shape ``cfg`` (read from ``config_name``) gives it."""
+  expected = _expected_hf_shape(entry, shape)
+  names = set(entry.names(cfg.num_layers))
+  for name in sorted(names):
+    if name not in tensors:
+      raise CheckpointError(f"{where}: tensor {name} is missing")
+    if tensors[name].shape(name) != expected:
+      raise CheckpointError(
+        f"{tensors[name].path}: tensor {name} has shape "
+        f"{tensors[name].shape(name)}, expected {expected} from "
+        f"{config_name}"
+      )
+  return names
 
 
 def _sharding_of(value: Any, default: Any) -> Any:
@@ -556,19 +460,10 @@ def save(
   for entry in _layout(cfg):
     for i, name in enumerate(entry.names(cfg.num_layers)):
       tensors.append((name, entry, i if entry.stacked else None))
-
-  def shape_of(entry: _Entry) -> tuple[int, ...]:
-    return _expected_hf_shape(entry, flat[entry.path].shape)
-
-  shards: list[list[tuple[str, _Entry, int | None]]] = [[]]
-  size = 0
-  for item in tensors:
-    nbytes = math.prod(shape_of(item[1])) * np_dtype.itemsize
-    if shards[-1] and size + nbytes > max_shard_bytes:
-      shards.append([])
-      size = 0
-    shards[-1].append(item)
-    size += nbytes
+  nbytes = lambda e: (
+    math.prod(_expected_hf_shape(e, flat[e.path].shape)) * np_dtype.itemsize
+  )
+  shards = _shards(tensors, nbytes, max_shard_bytes)
   names = (
     ["model.safetensors"]
     if len(shards) == 1
@@ -579,25 +474,40 @@ def save(
   )
   weight_map = {}
   for file_name, shard in zip(names, shards, strict=True):
-    header = _header([(n, np_dtype, shape_of(e)) for n, e, _ in shard])
-    with open(os.path.join(path, file_name), "wb") as f:
-      f.write(header)
-      for name, entry, layer in shard:
-        value = flat[entry.path]
-        value = value if layer is None else value[layer]
-        array = entry.to_hf(np.asarray(jax.device_get(value)))
-        f.write(np.ascontiguousarray(array, np_dtype).tobytes())
-        weight_map[name] = file_name
+    _write_shard(os.path.join(path, file_name), shard, flat, np_dtype)
+    weight_map.update({name: file_name for name, _, _ in shard})
   if len(shards) > 1:
-    total = sum(
-      math.prod(shape_of(e)) * np_dtype.itemsize for _, e, _ in tensors
-    )
+    total = sum(nbytes(e) for _, e, _ in tensors)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-      json.dump(
-        {"metadata": {"total_size": total}, "weight_map": weight_map},
-        f,
-        indent=2,
-      )
+      json.dump(index, f, indent=2)
+
+
+def _shards(tensors: list, nbytes: Callable, max_bytes: int) -> list[list]:
+  """``tensors`` in order, cut into files of at most ``max_bytes`` (a
+  larger tensor alone in its file)."""
+  shards: list[list] = [[]]
+  size = 0
+  for item in tensors:
+    n = nbytes(item[1])
+    if shards[-1] and size + n > max_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(item)
+    size += n
+  return shards
+
+
+def _write_shard(file: str, shard: list, flat: dict, np_dtype) -> None:
+  """One safetensors file of ``shard``'s tensors, streamed one by one."""
+  shape = lambda e: _expected_hf_shape(e, flat[e.path].shape)
+  with open(file, "wb") as f:
+    f.write(header_bytes([(n, np_dtype, shape(e)) for n, e, _ in shard]))
+    for _, entry, layer in shard:
+      value = flat[entry.path]
+      value = value if layer is None else value[layer]
+      array = entry.to_hf(np.asarray(jax.device_get(value)))
+      f.write(np.ascontiguousarray(array, np_dtype).tobytes())
 
 
 def tensor_names(cfg: ModelConfig) -> Iterator[str]:

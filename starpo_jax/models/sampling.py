@@ -183,23 +183,28 @@ def generate(
   def cond(s: DecodeState) -> jax.Array:
     return (s.step + 1 < max_new_tokens) & ~jnp.all(s.done)
 
-  def body(s: DecodeState) -> DecodeState:
-    logits, cache = model(s.last[:, None], s.cache)
-    key, sub = jax.random.split(s.key)
-    tok, logp = sample(sub, logits[:, 0], sampling)
-    i = s.step + 1
-    live = ~s.done
-    tok = jnp.where(live, tok, 0)
-    return DecodeState(
-      step=i,
-      last=tok,
-      tokens=s.tokens.at[:, i].set(tok),
-      logprobs=s.logprobs.at[:, i].set(jnp.where(live, logp, 0.0)),
-      done=s.done | jnp.isin(tok, stops),
-      length=s.length + live,
-      cache=cache,
-      key=key,
-    )
-
+  body = lambda s: _decode_step(model, s, sampling, stops)
   state = jax.lax.while_loop(cond, body, state)
   return state.tokens, state.logprobs, state.length
+
+
+def _decode_step(
+  model: Transformer, s: DecodeState, sampling: Sampling, stops: jax.Array
+) -> DecodeState:
+  """One token more for every sequence still going."""
+  logits, cache = model(s.last[:, None], s.cache)
+  key, sub = jax.random.split(s.key)
+  tok, logp = sample(sub, logits[:, 0], sampling)
+  i = s.step + 1
+  live = ~s.done
+  tok = jnp.where(live, tok, 0)
+  return DecodeState(
+    step=i,
+    last=tok,
+    tokens=s.tokens.at[:, i].set(tok),
+    logprobs=s.logprobs.at[:, i].set(jnp.where(live, logp, 0.0)),
+    done=s.done | jnp.isin(tok, stops),
+    length=s.length + live,
+    cache=cache,
+    key=key,
+  )

@@ -329,9 +329,9 @@ def evaluate_checkpoint(
   """Evaluates the policy of ``source``'s checkpoint at ``step`` (default:
   the latest) under ``config`` (a ``ConfigDict`` or ``RunConfig``) and
   writes the summary and transcripts to ``out`` (default
-  ``source/eval/step{N}``). Without a ``source``, the
-  config's initial policy (a pretrained model's zero-shot play), written
-  by default to ``runs/{env}/eval/initial-{model}``. Episode and
+  ``source/eval/step{N}``). Without a ``source``, the config's initial
+  policy (a pretrained model's zero-shot play), written by default to
+  ``runs/{env}/eval/initial-{model}``. Episode and
   temperature defaults are the config's ``train.eval_episodes`` and
   ``train.eval_temperatures``. Returns the summary.
 
@@ -360,35 +360,37 @@ def evaluate_checkpoint(
     "(compiling, then playing: minutes for a pretrained model on a CPU)",
     flush=True,
   )
-  summary: dict[str, Any] = {
-    "source": where,
-    "step": step,
-    "levels": episodes,
-    "samples": samples,
-    "seed": config.seed,
-    "envs": {},
-  }
+  summary: dict[str, Any] = dict(
+    source=where, step=step, levels=episodes, samples=samples, seed=config.seed
+  )
+  summary["envs"] = {}
   for (name, temp), traj in evaluator.trajectories(params).items():
     entry = summary["envs"].setdefault(
       name, {"random_valid": evaluator.random[name]}
     )
     entry[_label(temp)] = evaluator.stats(traj)
-    records = [
-      episode_record(
-        traj,
-        setup.tokenizer,
-        evaluator.action_names[name],
-        i,
-        evaluator.error((name, temp), i),
-      )
-      for i in range(traj.success.shape[0])
-    ]
-    _write_records(
-      os.path.join(out, f"{name}_{_label(temp)}"), records, transcripts
-    )
+    _write_episodes(out, evaluator, setup, name, temp, traj, transcripts)
   with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
   return {**summary, "out": out}
+
+
+def _write_episodes(out, evaluator, setup, name, temp, traj, transcripts):
+  """One part's episodes as JSON lines, and ``transcripts`` of them as
+  text, in ``out``."""
+  records = [
+    episode_record(
+      traj,
+      setup.tokenizer,
+      evaluator.action_names[name],
+      i,
+      evaluator.error((name, temp), i),
+    )
+    for i in range(traj.success.shape[0])
+  ]
+  _write_records(
+    os.path.join(out, f"{name}_{_label(temp)}"), records, transcripts
+  )
 
 
 def make_evaluator(

@@ -317,15 +317,13 @@ def _start_rl(setup: assembly.Setup, learner: Learner, state: Any) -> Any:
 def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
   """``run``'s steps, from the workdir's checkpoint to the end, an early
   stop or a preemption."""
-  setup, config = r.setup, r.setup.config
+  setup = r.setup
   state = assembly.init_state(setup, learner)
   parameters = sum(x.size for x in jax.tree.leaves(state.policy))
   for line in brief(setup, parameters, r.workdir):
     r.print(line)
   state = _restore(r, state)
   r.save_config()
-  # Each phase compiles when it first runs (a resumed run may skip one).
-  compilers = {"sft": assembly.compile_sft_step, "rl": assembly.compile_step}
   compiled = {}
   codec = sharding.replicate(setup.codec, setup.mesh)
   last: dict[str, float] = {}
@@ -337,35 +335,15 @@ def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
   while step < r.total:
     t0 = time.perf_counter()
     phase = "sft" if step < r.sft_steps else "rl"
-    if phase not in compiled:
-      name = {"sft": "warm-start", "rl": "RL"}[phase]
-      r.print(f"compiling the {name} step (once; its first call runs it)")
-      compiled[phase] = compilers[phase](setup, state, learner)
+    run_step = _compiled(r, learner, compiled, phase, state)
     r.profile.before(step + 1)
-    state, metrics = compiled[phase](state, codec)
+    state, metrics = run_step(state, codec)
     step += 1
     r.profile.after(step, metrics)
     if step == r.sft_steps:
       state = _start_rl(setup, learner, state)
-    evaluating = r.evaluating(step)
-    watching = setup.config.train.early_stop.enabled and phase == "rl"
-    if evaluating or watching or step % config.train.log_every == 0:
-      metrics = _host_metrics(metrics, t0)
-      if evaluating:
-        metrics.update(r.evaluate(step, state.policy))
-      # Wall time since this process started the run, compiles included.
-      metrics["time/elapsed_s"] = time.perf_counter() - t_run
-      if phase == "rl":
-        # The reward spread relative to its early level, rules on or off.
-        stopped = stopper.after_step(metrics)
-        if watching and stopped is None and "eval/success" in metrics:
-          stopped = stopper.after_eval(metrics["eval/success"])
-      r.writer.write(step, metrics)
-      r.progress.update(step, metrics)
-      if evaluating and step == r.sft_steps:
-        r.print(f"after {step} warm-start steps: {r.describe(metrics)}")
-      last = metrics
-      r.check_finite(step, metrics)
+    logged, stopped = _log(r, stopper, step, phase, metrics, state, t0, t_run)
+    last = logged or last
     # A signal stops the run at a step boundary, where it checkpoints;
     # the metrics of the steps run stay as an uninterrupted run logs them.
     preempted = r.preemption.signal if r.preemption.requested(step) else None
@@ -383,6 +361,47 @@ def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
       break
   seconds = time.perf_counter() - t_run
   return _summary(r, step, seconds, last, stopped, preempted)
+
+
+def _compiled(r: _Run, learner: Learner, compiled: dict, phase: str, state):
+  """The phase's jitted step; each compiles when it first runs (a resumed
+  run may skip one)."""
+  if phase not in compiled:
+    name = {"sft": "warm-start", "rl": "RL"}[phase]
+    r.print(f"compiling the {name} step (once; its first call runs it)")
+    build = (
+      assembly.compile_sft_step if phase == "sft" else assembly.compile_step
+    )
+    compiled[phase] = build(r.setup, state, learner)
+  return compiled[phase]
+
+
+def _log(r: _Run, stopper, step: int, phase: str, metrics, state, t0, t_run):
+  """The step's metrics on the host, logged (with a held-out evaluation
+  where due), and the early-stopping rule's verdict; ``(None, None)`` for
+  a step that logs nothing."""
+  train = r.setup.config.train
+  evaluating = r.evaluating(step)
+  watching = train.early_stop.enabled and phase == "rl"
+  if not (evaluating or watching or step % train.log_every == 0):
+    return None, None
+  metrics = _host_metrics(metrics, t0)
+  if evaluating:
+    metrics.update(r.evaluate(step, state.policy))
+  # Wall time since this process started the run, compiles included.
+  metrics["time/elapsed_s"] = time.perf_counter() - t_run
+  stopped = None
+  if phase == "rl":
+    # The reward spread relative to its early level, rules on or off.
+    stopped = stopper.after_step(metrics)
+    if watching and stopped is None and "eval/success" in metrics:
+      stopped = stopper.after_eval(metrics["eval/success"])
+  r.writer.write(step, metrics)
+  r.progress.update(step, metrics)
+  if evaluating and step == r.sft_steps:
+    r.print(f"after {step} warm-start steps: {r.describe(metrics)}")
+  r.check_finite(step, metrics)
+  return metrics, stopped
 
 
 def _summary(

@@ -44,7 +44,7 @@ from benchmarks import common
 from benchmarks import run as run_lib
 from benchmarks.peers.tunix import check
 from benchmarks.torch_baseline import starpo as tb
-from starpo_jax.agent import codec as codec_lib
+from starpo_jax.agent import prompt as prompt_lib
 from starpo_jax.models import hf
 from starpo_jax.run import assembly
 
@@ -118,7 +118,7 @@ def spec(pair: run_lib.Pair, workdir: str, iterations: int) -> dict[str, Any]:
   """What ``iteration.py`` needs, from the JAX side's setup."""
   r, a = pair.setup.config.rollout, pair.setup.config.algo
   o = pair.config.optim
-  settings = codec_lib.PromptSettings(
+  settings = prompt_lib.PromptSettings(
     enable_think=r.enable_think,
     max_actions_per_turn=r.max_actions_per_turn,
     response_hint=r.max_new_tokens,
@@ -130,7 +130,7 @@ def spec(pair: run_lib.Pair, workdir: str, iterations: int) -> dict[str, Any]:
     workdir=workdir,
     checkpoint=pair.model_dir,
     tokenizer=os.path.join(workdir, "tokenizer"),
-    system=codec_lib.system_text(pair.setup.env.spec, settings),
+    system=prompt_lib.system_text(pair.setup.env.spec, settings),
     env_groups=r.env_groups,
     group_size=r.group_size,
     max_turns=r.max_turns,

@@ -12,6 +12,7 @@ from typing import Any
 import envs
 from starpo_jax import sharding
 from starpo_jax.agent import codec as codec_lib
+from starpo_jax.agent import prompt as prompt_lib
 from starpo_jax.algo import sft
 from starpo_jax.algo.experts import Replies
 from starpo_jax.models import checkpoints
@@ -154,7 +155,7 @@ def _tokenizer(
   m: ModelSettings,
   ckpt: str,
   all_envs: list[Any],
-  prompt: codec_lib.PromptSettings,
+  prompt: prompt_lib.PromptSettings,
   shapes_only: bool,
 ) -> tokenizer_lib.Tokenizer:
   """The checkpoint's (or ``model.tokenizer``'s) tokenizer; for the tiny
@@ -166,7 +167,7 @@ def _tokenizer(
   if m.preset == "tiny" or shapes_only:
     pieces = []
     for e in all_envs:
-      pieces += codec_lib.prompt_pieces(e.spec, prompt)
+      pieces += prompt_lib.prompt_pieces(e.spec, prompt)
     return tokenizer_lib.build_compact(pieces)
   raise ConfigError(
     f"config.model: preset {m.preset!r} needs model.ckpt or model.tokenizer"

@@ -1,0 +1,85 @@
+"""The rollout's static settings: how many episodes, of how many turns,
+with how many tokens, and how the model samples (``RolloutConfig``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from starpo_jax import settings
+from starpo_jax.agent.prompt import PromptSettings
+from starpo_jax.models import sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """Static shape and rules of a rollout (RAGEN's defaults where it has
+  them)."""
+
+  env_groups: int = 8
+  group_size: int = 16
+  max_turns: int = 5
+  max_actions_per_turn: int = 2
+  max_actions_per_traj: int = 10
+  max_new_tokens: int = 100
+  max_context: int = 2048
+  format_penalty: float = -0.1
+  enable_think: bool = True
+  answer_vocab: bool = False
+  prompt: Literal["ragen", "compact"] = "ragen"  # prompt_lib.PromptSettings
+  observation_tokens: Literal["text", "pieces"] = "text"  # PromptSettings
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  # The batch played in this many parts one after another, each of whole
+  # groups with its own KV cache: 1/chunks of the rollout's memory, the
+  # same episodes (jittable environments only).
+  chunks: int = 1
+
+  def __post_init__(self) -> None:
+    settings.check(self, "rollout")
+    for name in (
+      "chunks",
+      "env_groups",
+      "group_size",
+      "max_turns",
+      "max_actions_per_turn",
+      "max_actions_per_traj",
+      "max_new_tokens",
+      "max_context",
+    ):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(
+          f"rollout: {name} must be a positive integer, got {value!r}"
+        )
+    if self.env_groups % self.chunks:
+      raise ValueError(
+        f"rollout: chunks={self.chunks} must divide the {self.env_groups} "
+        "groups played at once (env_groups)"
+      )
+    self.sampling  # noqa: B018 (validates temperature, top_k, top_p)
+    self.prompt_settings()  # validates the prompt style
+
+  @property
+  def batch(self) -> int:
+    return self.env_groups * self.group_size
+
+  @property
+  def max_generated(self) -> int:
+    """The most tokens an episode can generate."""
+    return self.max_turns * self.max_new_tokens
+
+  @property
+  def sampling(self) -> sampling.Sampling:
+    return sampling.Sampling(self.temperature, self.top_k, self.top_p)
+
+  def prompt_settings(self) -> PromptSettings:
+    return PromptSettings(
+      enable_think=self.enable_think,
+      max_actions_per_turn=self.max_actions_per_turn,
+      response_hint=self.max_new_tokens,
+      answer_vocab=self.answer_vocab,
+      style=self.prompt,
+      observation_tokens=self.observation_tokens,
+    )

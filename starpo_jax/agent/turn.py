@@ -1,0 +1,408 @@
+"""One turn of the compiled rollout, for the whole batch: render and
+prefill the turn's prompt (``prompt``), decode the reply (``decode``),
+run its tool calls (``call_tools``), play its actions in the environment
+(``act``) and score it (``end_turn``). ``rollout.py`` scans these over the
+turns."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+import envs
+from envs import BatchEnv
+from envs.tools import Results
+from starpo_jax.agent.codec import Codec
+from starpo_jax.agent.ragged import pack
+from starpo_jax.agent.rollout_config import RolloutConfig
+from starpo_jax.models import sampling
+
+
+@struct.dataclass
+class Carry:
+  states: object  # environment states, [B, ...]
+  cache: Any
+  tokens: jax.Array  # [B, W]
+  loss_mask: jax.Array  # [B, W]
+  turn_ids: jax.Array  # [B, W]
+  logprobs: jax.Array  # [B, W]
+  entropy: jax.Array  # [B, W]
+  rewards: jax.Array  # [B, W]
+  done: jax.Array  # [B]
+  used: jax.Array  # [B] actions executed
+  last_reward: jax.Array  # [B]
+  warn: jax.Array  # [B]
+  ended_by_stop: jax.Array  # [B]
+  terminated: jax.Array  # [B]
+  success: jax.Array  # [B]
+  context_truncated: jax.Array  # [B]
+  result: jax.Array  # [B, R] a tool's result, for the next observation
+  result_length: jax.Array  # [B] its tokens; 0: no result to show
+  results_cut: jax.Array  # [B] tool results cut to their budget
+  key: jax.Array
+
+
+@struct.dataclass
+class Decode:
+  step: jax.Array  # []
+  logits: jax.Array  # [B, V] for the next token
+  live: jax.Array  # [B]
+  stop_state: jax.Array  # [B] "</answer>" automaton
+  tool_state: jax.Array  # [B] "</tool>" automaton (tools only)
+  reply: jax.Array  # [B, T]
+  count: jax.Array  # [B] tokens generated this turn
+  last: jax.Array  # [B] last token generated
+  cache: Any
+  tokens: jax.Array  # [B, W]
+  loss_mask: jax.Array  # [B, W]
+  logprobs: jax.Array  # [B, W]
+  entropy: jax.Array  # [B, W]
+  turn_ids: jax.Array  # [B, W]
+  key: jax.Array
+
+
+@struct.dataclass
+class Prompted:
+  """A turn after its prompt chunk was prefilled."""
+
+  active: jax.Array  # [B] the episode plays this turn
+  fits: jax.Array  # [B] the chunk and one token fit the context
+  context_truncated: jax.Array  # [B] so far, this turn included
+  decode: Decode  # the decode loop's starting state
+
+
+@struct.dataclass
+class Acting:
+  """The action scan's carry: one turn's parsed actions played in order."""
+
+  states: object  # environment states, [B, ...]
+  used: jax.Array  # [B] actions executed in the episode
+  env_done: jax.Array  # [B] the environment ended during this turn
+  reward: jax.Array  # [B] the turn's environment reward
+  effective: jax.Array  # [B] some action changed the state
+  success: jax.Array  # [B]
+  terminated: jax.Array  # [B]
+  unavailable: jax.Array  # [B] parts naming an action not offered here
+
+
+@struct.dataclass
+class TurnRecord:
+  """What a turn leaves in the trajectory's per-turn arrays, ``[B]`` each
+  (``actions [B, A]``)."""
+
+  reward: jax.Array
+  played: jax.Array
+  response_length: jax.Array
+  format_ok: jax.Array
+  thought: jax.Array
+  think_tokens: jax.Array
+  valid: jax.Array
+  effective: jax.Array
+  penalized: jax.Array
+  actions: jax.Array
+  tool: jax.Array
+
+
+def write(buffer: jax.Array, start: jax.Array, block: jax.Array, keep):
+  """Row-wise ``buffer[b, start[b]:start[b]+w] = block[b]`` where ``keep``."""
+
+  def one(row, s, new, k):
+    old = jax.lax.dynamic_slice(row, (s,), new.shape)
+    return jax.lax.dynamic_update_slice(row, jnp.where(k, new, old), (s,))
+
+  return jax.vmap(one)(buffer, start, block, keep)
+
+
+def set_at(buffer: jax.Array, pos: jax.Array, value: jax.Array, keep):
+  """Row-wise ``buffer[b, pos[b]] = value[b]`` where ``keep``."""
+  rows = jnp.arange(buffer.shape[0])
+  pos = jnp.clip(pos, 0, buffer.shape[1] - 1)
+  return buffer.at[rows, pos].set(jnp.where(keep, value, buffer[rows, pos]))
+
+
+class Policy(Protocol):
+  """What the rollout needs of a model (``Transformer`` is one)."""
+
+  def init_cache(self, batch: int, size: int) -> Any: ...
+
+  def hidden(self, tokens, cache, num_new=None) -> tuple[jax.Array, Any]: ...
+
+  def logits(self, h: jax.Array) -> jax.Array: ...
+
+  def __call__(self, tokens, cache, num_new=None) -> tuple[jax.Array, Any]: ...
+
+
+def prompt(
+  model: Policy,
+  codec: Codec,
+  env: BatchEnv,
+  cfg: RolloutConfig,
+  c: Carry,
+  turn: jax.Array,
+  chunk: int,
+) -> Prompted:
+  """Renders each live episode's turn prompt, writes it after the context
+  and prefills it; the next token's logits start the decode."""
+  b, length = cfg.batch, cfg.max_context
+  obs = codec.render_batch(*env.render(c.states))
+  if codec.tools is not None:
+    # The last turn's tool result, then the (unchanged) observation.
+    obs = jax.vmap(
+      lambda r, rn, o, on: pack(
+        [
+          (r, jnp.arange(r.shape[0]) < rn),
+          (o, jnp.arange(o.shape[0]) < on),
+        ],
+        codec.obs_width,
+      )
+    )(c.result, c.result_length, *obs)
+  left = cfg.max_actions_per_traj - c.used
+  prompt, count = jax.vmap(
+    lambda o, r, w, a, e: codec.turn_chunk(
+      turn, o, r, w, a, e, chunk, cfg.max_turns, cfg.max_actions_per_traj
+    )
+  )(obs, c.last_reward, c.warn, left, c.ended_by_stop)
+  start = c.cache.length
+  fits = start + count + 1 <= length
+  active = ~c.done & fits
+  ids = jnp.where(jnp.arange(chunk) < count[:, None], turn, -1)
+  h, cache = model.hidden(prompt, c.cache, jnp.where(active, count, 0))
+  last_h = jnp.take_along_axis(h, jnp.maximum(count - 1, 0)[:, None, None], 1)
+  zero = jnp.zeros((b,), jnp.int32)
+  return Prompted(
+    active=active,
+    fits=fits,
+    context_truncated=c.context_truncated | (~c.done & ~fits),
+    decode=Decode(
+      step=jnp.zeros((), jnp.int32),
+      logits=model.logits(last_h)[:, 0],
+      live=active,
+      stop_state=zero,
+      tool_state=zero,
+      reply=jnp.zeros((b, cfg.max_new_tokens), jnp.int32),
+      count=zero,
+      last=zero,
+      cache=cache,
+      tokens=write(c.tokens, start, prompt, active[:, None]),
+      loss_mask=c.loss_mask,
+      logprobs=c.logprobs,
+      entropy=c.entropy,
+      turn_ids=write(c.turn_ids, start, ids, active[:, None]),
+      key=c.key,
+    ),
+  )
+
+
+def decode_token(
+  model: Policy, codec: Codec, cfg: RolloutConfig, turn: jax.Array, d: Decode
+) -> Decode:
+  """Samples one token for every live sequence, records it and feeds it
+  back; a sequence stops at ``</answer>``, a chat stop token or the
+  context's end."""
+  key, sub = jax.random.split(d.key)
+  tok, logp = sampling.sample(sub, d.logits, cfg.sampling, codec.allowed)
+  dist = sampling.policy_logprobs(d.logits, cfg.temperature, codec.allowed)
+  ent = -jnp.sum(jnp.exp(dist) * dist, axis=-1)
+  pos, live = d.cache.length, d.live
+  stop_state, hit = codec.stop_step(d.stop_state, tok)
+  tool_state = d.tool_state
+  if codec.tools is not None:
+    tool_state, tool_hit = codec.tool_stop_step(d.tool_state, tok)
+    hit = hit | tool_hit
+  logits, cache = model(tok[:, None], d.cache, live.astype(jnp.int32))
+  stop_ids = jnp.asarray(codec.stop_ids, jnp.int32)
+  stop = hit | jnp.isin(tok, stop_ids) | (cache.length >= cfg.max_context)
+  return Decode(
+    step=d.step + 1,
+    logits=logits[:, 0],
+    live=live & ~stop,
+    stop_state=jnp.where(live, stop_state, d.stop_state),
+    tool_state=jnp.where(live, tool_state, d.tool_state),
+    reply=d.reply.at[:, d.step].set(jnp.where(live, tok, 0)),
+    count=d.count + live,
+    last=jnp.where(live, tok, d.last),
+    cache=cache,
+    tokens=set_at(d.tokens, pos, tok, live),
+    loss_mask=set_at(d.loss_mask, pos, jnp.ones_like(live), live),
+    logprobs=set_at(d.logprobs, pos, logp, live),
+    entropy=set_at(d.entropy, pos, ent, live),
+    turn_ids=set_at(d.turn_ids, pos, jnp.full_like(tok, turn), live),
+    key=key,
+  )
+
+
+def decode(
+  model: Policy, codec: Codec, cfg: RolloutConfig, turn: jax.Array, d: Decode
+) -> Decode:
+  """Decodes until every sequence stopped or ``max_new_tokens`` (the
+  loop's bound, named for ``hlo_cost``)."""
+  with jax.named_scope("decode"):
+    return jax.lax.while_loop(
+      lambda d: (d.step < cfg.max_new_tokens) & jnp.any(d.live),
+      lambda d: decode_token(model, codec, cfg, turn, d),
+      d,
+    )
+
+
+def act(
+  env: BatchEnv,
+  cfg: RolloutConfig,
+  c: Carry,
+  parsed: Any,
+  active: jax.Array,
+) -> tuple[Acting, jax.Array]:
+  """Plays a turn's parsed actions ``[B, A]`` in order while the episode
+  lives, within its action budget; an environment with text answers takes
+  the answer's bytes in one step.
+
+  Returns:
+    The environments after them, and the actions executed ``[A, B]``
+    (-1 where none was).
+  """
+  actions = parsed.actions[:, : cfg.max_actions_per_turn]
+  answer = None
+  if env.spec.text_answers:
+    actions = actions[:, :1]
+    answer = envs.Answer(parsed.answer, parsed.answer_length)
+  t = env.act(
+    c.states, actions, answer, active, c.used, cfg.max_actions_per_traj
+  )
+  return Acting(
+    states=t.states,
+    used=t.used,
+    env_done=t.done,
+    reward=t.reward,
+    effective=t.effective,
+    success=jnp.where(t.stepped, t.success, c.success),
+    terminated=jnp.where(t.stepped, t.terminated, c.terminated),
+    unavailable=t.unavailable,
+  ), t.executed
+
+
+def call_tools(codec: Codec, d: Decode, active: jax.Array) -> Results | None:
+  """Runs the tool calls of the turn's replies (``envs.tools``), in one
+  host call; None where the environment has no tools."""
+  if codec.tools is None:
+    return None
+  data, count = jax.vmap(codec.to_bytes)(d.reply, d.count)
+  return codec.tools(data, count, active)
+
+
+@struct.dataclass
+class Scored:
+  """How a turn's reply scores, ``[B]`` each: whether it called a tool
+  (well-formed or not) or answered, its valid action parts, whether the
+  format penalty applies, and the turn's reward with it."""
+
+  called: jax.Array
+  malformed: jax.Array
+  answered: jax.Array
+  num_valid: jax.Array
+  penalized: jax.Array
+  reward: jax.Array
+
+
+def score(
+  cfg: RolloutConfig,
+  active: jax.Array,
+  parsed: Any,
+  a: Acting,
+  calls: Results | None,
+) -> Scored:
+  """The turn's reward, with the format penalty where it applies.
+
+  An action name the environment does not offer in this state (the
+  bandit's arms are two of many names) is invalid, as in RAGEN, where each
+  episode's action lookup holds only what it offers: it costs the format
+  penalty rather than passing as a free no-op. A tool call is penalized
+  only when malformed."""
+  no = jnp.zeros_like(active)
+  called = active & (calls.called if calls else no)
+  malformed = active & (calls.malformed if calls else no)
+  answered = active & ~called
+  num_valid = parsed.num_valid - a.unavailable
+  penalized = malformed | (
+    answered & ((num_valid == 0) | (num_valid < parsed.num_parts))
+  )
+  reward = a.reward + jnp.where(penalized, cfg.format_penalty, 0.0)
+  return Scored(called, malformed, answered, num_valid, penalized, reward)
+
+
+def end_turn(
+  codec: Codec,
+  cfg: RolloutConfig,
+  c: Carry,
+  p: Prompted,
+  d: Decode,
+  parsed: Any,
+  a: Acting,
+  executed: jax.Array,
+  turn: jax.Array,
+  calls: Results | None,
+) -> tuple[Carry, TurnRecord]:
+  """The turn's reward (with the format penalty) on its last token, what
+  ends the episode, and the turn's record."""
+  active = p.active
+  s = score(cfg, active, parsed, a, calls)
+  last = d.cache.length - 1
+  rewards = set_at(c.rewards, last, s.reward, active & (d.count > 0))
+  out_of_budget = a.used >= cfg.max_actions_per_traj
+  ended = active & (a.env_done | out_of_budget | (turn == cfg.max_turns - 1))
+  # A tool's result is shown by the next turn only.
+  if calls is None:
+    result, result_length, cut = c.result, c.result_length, 0
+  else:
+    result = calls.tokens
+    result_length = jnp.where(s.called, calls.length, 0)
+    cut = s.called & calls.cut
+  carry = Carry(
+    states=a.states,
+    cache=d.cache,
+    tokens=d.tokens,
+    loss_mask=d.loss_mask,
+    turn_ids=d.turn_ids,
+    logprobs=d.logprobs,
+    entropy=d.entropy,
+    rewards=rewards,
+    done=c.done | ended | ~p.fits,
+    used=a.used,
+    last_reward=jnp.where(active, s.reward, c.last_reward),
+    warn=s.answered & (s.num_valid == 0),
+    ended_by_stop=d.last == codec.chat_stop,
+    terminated=a.terminated,
+    success=a.success,
+    context_truncated=p.context_truncated,
+    result=result,
+    result_length=result_length,
+    results_cut=c.results_cut + cut,
+    key=d.key,
+  )
+  return carry, record(active, d, parsed, a, executed, s)
+
+
+def record(
+  active: jax.Array,
+  d: Decode,
+  parsed: Any,
+  a: Acting,
+  executed: jax.Array,
+  s: Scored,
+) -> TurnRecord:
+  """What the turn leaves in the trajectory's per-turn arrays."""
+  matched = s.answered & parsed.matched
+  return TurnRecord(
+    reward=jnp.where(active, s.reward, 0.0),
+    played=active,
+    response_length=jnp.where(active, d.count, 0),
+    format_ok=matched | (s.called & ~s.malformed),
+    thought=active & parsed.thought,
+    think_tokens=jnp.where(matched, parsed.think_tokens, 0),
+    valid=s.answered & (s.num_valid > 0) & (s.num_valid == parsed.num_parts),
+    effective=active & a.effective,
+    penalized=s.penalized,
+    actions=executed.T,
+    tool=s.called,
+  )
