@@ -21,6 +21,7 @@ from starpo_jax import sharding
 from starpo_jax.cli import hf as hf_cli
 from starpo_jax.models import hf, lora, transformer
 from starpo_jax.run import assembly, checkpoint, evaluator, train
+from starpo_jax.run.assembly import compiled as compiled_steps
 from tests.helpers import traced_at_most_once
 
 
@@ -71,7 +72,7 @@ def test_only_adapters_train_and_the_base_is_the_reference():
   assert moments == sorted([v.shape for v in own.values() if v.ndim] * 2)
   before_c = leaves(state.critic)
   codec = sharding.replicate(setup.codec, setup.mesh)
-  with traced_at_most_once(assembly, "make_step"):
+  with traced_at_most_once(compiled_steps, "make_step"):
     step = assembly.compile_step(setup, state, learner)
     state, first = step(state, codec)
     for _ in range(2):

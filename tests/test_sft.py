@@ -383,7 +383,7 @@ def test_free_text_warm_start_spells_the_environments_solution(name):
   states = to_numpy(rollout.reset(setup.env, cfg, rollout.reset_key(key)))
   if name == "qa":
     kw = setup.config.env.kwargs
-    answers = dataset.load(kw.source, kw.split, "", "", "").answers
+    answers = dataset.load(kw["source"], kw["split"], "", "", "").answers
   for b in range(EPISODES):
     (reply,) = replies_of(traj, setup.tokenizer, b)
     assert reply.endswith("</answer>"), reply

@@ -23,6 +23,7 @@ from starpo_jax.algo import state as state_lib
 from starpo_jax.algo import step as step_lib
 from starpo_jax.algo import update as update_lib
 from starpo_jax.run import assembly
+from starpo_jax.run.assembly import compiled as compiled_steps
 from tests.helpers import (
   F32_SUM_RTOL,
   assert_close_at_scale,
@@ -401,7 +402,7 @@ def _driver_step():
   learner = assembly.make_learner(setup)
   state = assembly.init_state(setup, learner)
   # Every call of this step in the tests must reuse its one trace.
-  with traced_at_most_once(assembly, "make_step"):
+  with traced_at_most_once(compiled_steps, "make_step"):
     return setup, learner, assembly.compile_step(setup, state, learner)
 
 

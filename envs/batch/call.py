@@ -67,14 +67,7 @@ def host_call(
     for a in copies:
       lead &= jax.lax.axis_index(a) == 0
     got = io_callback(one_shard, local, offset, lead, *x)
-    if not copies:
-      return got
-    return tuple(
-      jax.lax.psum(g.astype(jnp.int32), copies).astype(g.dtype)
-      if g.dtype == jnp.bool_
-      else jax.lax.psum(g, copies)
-      for g in got
-    )
+    return _shared(got, copies) if copies else got
 
   spec = jax.sharding.PartitionSpec(axes)
   return jax.shard_map(
@@ -86,3 +79,14 @@ def host_call(
     ),
     check_vma=False,
   )(*args)
+
+
+def _shared(got: tuple[jax.Array, ...], copies: tuple[str, ...]):
+  """The stepping device's results on every copy of its shard (the others
+  returned zeros): a sum over the copies' mesh axes."""
+  return tuple(
+    jax.lax.psum(g.astype(jnp.int32), copies).astype(g.dtype)
+    if g.dtype == jnp.bool_
+    else jax.lax.psum(g, copies)
+    for g in got
+  )

@@ -201,28 +201,7 @@ class HostEnvironment:
       live,
       used,
     )
-    out = dict(zip(names, got, strict=True))
-    stepped = out["changed"]
-    error = states.error | out["error"]
-    new = HostState(
-      obs=jnp.where(stepped[:, None], out["obs"], states.obs),
-      length=jnp.where(stepped, out["length"], states.length),
-      error=error,
-      cut=states.cut + out["cut"],
-      key=states.key,
-    )
-    return Turn(
-      states=new,
-      used=out["used"],
-      done=out["done"] | (active & error),
-      reward=out["reward"],
-      effective=out["effective"],
-      stepped=stepped,
-      success=out["success"],
-      terminated=out["terminated"],
-      unavailable=out["unavailable"],
-      executed=out["executed"],
-    )
+    return _turn(states, dict(zip(names, got, strict=True)), active)
 
   def random_success(
     self, states: HostState, horizon: int, key: jax.Array
@@ -251,3 +230,30 @@ class HostEnvironment:
     steps it), host-side."""
     errors = self._bound().errors
     return [errors.get(i) for i in range(max(errors, default=-1) + 1)]
+
+
+def _turn(states: HostState, out: dict[str, jax.Array], active) -> Turn:
+  """The host call's results (``Slots.act``) as the turn's ``Turn``: the
+  episodes that stepped show their new observations; a fault ends its
+  episode."""
+  stepped = out["changed"]
+  error = states.error | out["error"]
+  new = HostState(
+    obs=jnp.where(stepped[:, None], out["obs"], states.obs),
+    length=jnp.where(stepped, out["length"], states.length),
+    error=error,
+    cut=states.cut + out["cut"],
+    key=states.key,
+  )
+  return Turn(
+    states=new,
+    used=out["used"],
+    done=out["done"] | (active & error),
+    reward=out["reward"],
+    effective=out["effective"],
+    stepped=stepped,
+    success=out["success"],
+    terminated=out["terminated"],
+    unavailable=out["unavailable"],
+    executed=out["executed"],
+  )

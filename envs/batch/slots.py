@@ -138,22 +138,7 @@ class Slots:
     answer text) until it ends or its budget runs out; the episodes run in
     threads, each waited for at most ``timeout_s``."""
     with self.lock:
-      b, a = actions.shape
-      out = dict(
-        obs=np.zeros((b, self.spec.max_obs_tokens), np.int32),
-        length=np.zeros((b,), np.int32),
-        used=used.astype(np.int32).copy(),
-        done=np.zeros((b,), bool),
-        reward=np.zeros((b,), np.float32),
-        effective=np.zeros((b,), bool),
-        success=np.zeros((b,), bool),
-        terminated=np.zeros((b,), bool),
-        unavailable=np.zeros((b,), np.int32),
-        error=np.zeros((b,), bool),
-        cut=np.zeros((b,), bool),
-        executed=np.full((a, b), -1, np.int32),
-        changed=np.zeros((b,), bool),
-      )
+      out = self._empty_turn(*actions.shape, used)
       results: dict[int, dict[str, Any]] = {}
       threads = []
       for i in np.flatnonzero(active).tolist():
@@ -161,19 +146,7 @@ class Slots:
         if env is None:
           results[i] = {"fault": "no environment (its reset failed)"}
           continue
-        if self.spec.action_names:
-          moves = [
-            self.spec.action_names[int(x)] for x in actions[i] if int(x) >= 0
-          ]
-          ids = [int(x) for x in actions[i] if int(x) >= 0]
-        else:
-          n = int(answer_lengths[i])
-          raw = bytes(answers[i, :n].astype(np.uint8))
-          text = raw.decode("utf-8", "replace")
-          # A reply with no (or a blank) answer steps nothing, as with
-          # a jittable environment.
-          given = int(actions[i, 0]) >= 0
-          moves, ids = ([text], [0]) if given else ([], [])
+        moves, ids = self._moves(actions[i], answers[i], answer_lengths[i])
         left = max(0, budget - int(used[i]))
         results[i] = {}
         thread = threading.Thread(
@@ -191,6 +164,37 @@ class Slots:
       for i, r in results.items():
         self._record(i, offset + i, r, out)
       return out
+
+  def _empty_turn(self, b: int, a: int, used: np.ndarray) -> dict:
+    """What ``act`` returns for a turn where nothing was stepped."""
+    return dict(
+      obs=np.zeros((b, self.spec.max_obs_tokens), np.int32),
+      length=np.zeros((b,), np.int32),
+      used=used.astype(np.int32).copy(),
+      done=np.zeros((b,), bool),
+      reward=np.zeros((b,), np.float32),
+      effective=np.zeros((b,), bool),
+      success=np.zeros((b,), bool),
+      terminated=np.zeros((b,), bool),
+      unavailable=np.zeros((b,), np.int32),
+      error=np.zeros((b,), bool),
+      cut=np.zeros((b,), bool),
+      executed=np.full((a, b), -1, np.int32),
+      changed=np.zeros((b,), bool),
+    )
+
+  def _moves(self, actions, answer, length) -> tuple[list[str], list[int]]:
+    """One episode's turn as what its environment's ``step`` takes, in
+    order, and the action ids they stand for: the action names, or the
+    answer text once."""
+    if self.spec.action_names:
+      ids = [int(x) for x in actions if int(x) >= 0]
+      return [self.spec.action_names[x] for x in ids], ids
+    raw = bytes(answer[: int(length)].astype(np.uint8))
+    text = raw.decode("utf-8", "replace")
+    # A reply with no (or a blank) answer steps nothing, as with a
+    # jittable environment.
+    return ([text], [0]) if int(actions[0]) >= 0 else ([], [])
 
   def random_play(
     self, offset: int, seeds: np.ndarray, horizon: int

@@ -97,7 +97,6 @@ def gymnasium_text(
       an action space that needs names.
   """
   import gymnasium
-  from gymnasium import spaces
 
   if not id:
     raise ValueError(
@@ -108,19 +107,7 @@ def gymnasium_text(
     probe = gymnasium.make(id, **kwargs)
   except gymnasium.error.Error as e:
     raise ValueError(f"gymnasium: {e}") from None
-  names = tuple(a.strip() for a in actions.split(",") if a.strip())
-  space = probe.action_space
-  if names:
-    if not isinstance(space, spaces.Discrete) or space.n != len(names):
-      raise ValueError(
-        f"gymnasium: {id}'s action space is {space}; actions={actions!r} "
-        "names a Discrete space's actions in order, one name each"
-      )
-  elif not isinstance(space, spaces.Text):
-    raise ValueError(
-      f"gymnasium: {id}'s action space is {space}, not Text: name its "
-      "actions (actions='Left,Down,Right,Up')"
-    )
+  names = _action_names(id, probe.action_space, actions)
   limit = max_steps or (probe.spec.max_episode_steps if probe.spec else 0)
   probe.close()
   return HostSpec(
@@ -133,3 +120,28 @@ def gymnasium_text(
     timeout_s=timeout_s,
     tools=tools_lib.names(tools),
   )
+
+
+def _action_names(id: str, space: Any, actions: str) -> tuple[str, ...]:
+  """``actions`` split into names, checked against the action space: a
+  ``Discrete`` space's actions in order, or none for a ``Text`` space.
+
+  Raises:
+    ValueError: names that do not fit the space, or a space that needs
+      them.
+  """
+  from gymnasium import spaces
+
+  names = tuple(a.strip() for a in actions.split(",") if a.strip())
+  if names:
+    if not isinstance(space, spaces.Discrete) or space.n != len(names):
+      raise ValueError(
+        f"gymnasium: {id}'s action space is {space}; actions={actions!r} "
+        "names a Discrete space's actions in order, one name each"
+      )
+  elif not isinstance(space, spaces.Text):
+    raise ValueError(
+      f"gymnasium: {id}'s action space is {space}, not Text: name its "
+      "actions (actions='Left,Down,Right,Up')"
+    )
+  return names

@@ -15,6 +15,7 @@ from flax import nnx
 
 from starpo_jax.models import lora
 from starpo_jax.models import transformer as T
+from starpo_jax.models.config import LoraConfig
 
 CFG = T.ModelConfig(
   vocab_size=64,
@@ -32,7 +33,7 @@ TOKENS = jnp.array([[1, 5, 9, 2, 7, 3], [4, 4, 8, 1, 0, 6]], jnp.int32)
 def adapted(targets="attn|mlp", rank=4, alpha=8.0):
   """A base model and the same weights with adapters."""
   base = T.create(CFG, seed=1)
-  cfg = CFG.replace(lora=T.LoraConfig(rank=rank, alpha=alpha, targets=targets))
+  cfg = CFG.replace(lora=LoraConfig(rank=rank, alpha=alpha, targets=targets))
   model = T.create(cfg, seed=2)
   nnx.update(model, nnx.state(base, lora.WEIGHTS))
   return base, model
@@ -118,12 +119,12 @@ def test_bad_settings_are_named(change, message):
   with pytest.raises(
     ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
   ):
-    T.create(CFG.replace(lora=T.LoraConfig(**settings)))
+    T.create(CFG.replace(lora=LoraConfig(**settings)))
 
 
 def test_a_compute_dtype_other_than_the_weights_is_refused():
   # qwix finds a weight by identity; a cast would hide it and train nothing.
-  cfg = CFG.replace(dtype="bfloat16", lora=T.LoraConfig(rank=4, alpha=8.0))
+  cfg = CFG.replace(dtype="bfloat16", lora=LoraConfig(rank=4, alpha=8.0))
   with pytest.raises(
     ValueError, match="param_dtype='float32', dtype='bfloat16'"
   ):
@@ -138,7 +139,7 @@ def test_adapters_shard_like_their_weights():
   from configs import common
   from starpo_jax import sharding
 
-  cfg = CFG.replace(lora=T.LoraConfig(rank=4, alpha=8.0))
+  cfg = CFG.replace(lora=LoraConfig(rank=4, alpha=8.0))
   with nnx.use_eager_sharding(False):
     model = nnx.eval_shape(lambda: T.Transformer(cfg, nnx.Rngs(0)))
   abstract = nnx.state(model)
@@ -169,7 +170,7 @@ def test_an_adapted_model_exports_its_merged_weights(qwen2_dir, tmp_path):
   from tests.models.conftest import VOCAB, torch_logits
 
   base = hf.load(qwen2_dir)
-  cfg = base.cfg.replace(lora=T.LoraConfig(rank=2, alpha=4.0))
+  cfg = base.cfg.replace(lora=LoraConfig(rank=2, alpha=4.0))
   model = T.create(cfg, seed=1)
   nnx.update(model, nnx.state(base, lora.WEIGHTS))
   perturb(model, seed=3, scale=0.2)
@@ -192,7 +193,7 @@ QLORA_TOLERANCE = {"int8": 0.02, "int4": 0.15, "nf4": 0.15}
 def test_a_quantized_base_stays_near_the_float_one(qtype):
   base = T.create(CFG, seed=1)
   plain = nnx.to_pure_dict(nnx.state(base, lora.WEIGHTS))
-  cfg = CFG.replace(lora=T.LoraConfig(rank=4, alpha=8.0, quantize=qtype))
+  cfg = CFG.replace(lora=LoraConfig(rank=4, alpha=8.0, quantize=qtype))
   model = T.create(cfg, seed=2)
   quantized = T.quantize_weights(cfg, plain)
   # The layers' projections are stored quantized, nothing else.
@@ -211,9 +212,9 @@ def test_a_quantized_base_stays_near_the_float_one(qtype):
 def test_weights_quantized_after_loading_equal_qwixs_own():
   # A model created quantized (qwix quantizes as it adapts each layer)
   # and its float twin quantized afterwards hold the same values.
-  cfg = CFG.replace(lora=T.LoraConfig(rank=4, alpha=8.0, quantize="nf4"))
+  cfg = CFG.replace(lora=LoraConfig(rank=4, alpha=8.0, quantize="nf4"))
   made = nnx.to_pure_dict(nnx.state(T.create(cfg, seed=3), lora.WEIGHTS))
-  float_cfg = CFG.replace(lora=T.LoraConfig(rank=4, alpha=8.0))
+  float_cfg = CFG.replace(lora=LoraConfig(rank=4, alpha=8.0))
   twin = T.create(float_cfg, seed=3)
   after = T.quantize_weights(
     cfg, nnx.to_pure_dict(nnx.state(twin, lora.WEIGHTS))
@@ -232,7 +233,7 @@ def test_a_qlora_model_exports_its_dequantized_merged_weights(
 
   base = hf.load(qwen2_dir)
   cfg = base.cfg.replace(
-    lora=T.LoraConfig(rank=2, alpha=4.0, quantize="int4", tile_size=16)
+    lora=LoraConfig(rank=2, alpha=4.0, quantize="int4", tile_size=16)
   )
   model = T.create(cfg, seed=1)
   weights = nnx.state(model, lora.WEIGHTS)

@@ -33,18 +33,18 @@ def main() -> None:
   import ml_collections
 
   from configs import bandit, gym_sokoban
-  from envs.batch import host
+  from envs.batch import slots as host_slots
   from starpo_jax.run import train
 
   # Which slots this process's host environments were asked to step.
   slots: set[int] = set()
-  act = host._Slots.act
+  act = host_slots.Slots.act
 
   def recording(self, offset, actions, *args):
     slots.update(offset + i for i in range(len(actions)))
     return act(self, offset, actions, *args)
 
-  host._Slots.act = recording
+  host_slots.Slots.act = recording
   if env_name == "gym_sokoban":
     c = gym_sokoban.get_config("levels=sokoban")
     c.rollout.max_turns = 2

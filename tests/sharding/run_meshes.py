@@ -6,6 +6,7 @@ Run with XLA_FLAGS=--xla_force_host_platform_device_count=8.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -75,7 +76,8 @@ def main() -> None:
   out = {}
   for shape in MESHES:
     setup = assembly.build(config())
-    setup.mesh = sharding.make_mesh(shape, jax.devices()[: int(np.prod(shape))])
+    mesh = sharding.make_mesh(shape, jax.devices()[: int(np.prod(shape))])
+    setup = dataclasses.replace(setup, mesh=mesh)
     learner = assembly.make_learner(setup)
     state = assembly.init_state(setup, learner)
     # A LoRA run's base digest, of the weights as each mesh shards them.

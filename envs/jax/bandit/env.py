@@ -45,22 +45,7 @@ class Bandit(core.TextEnv):
       high_risk_reward: the risky payout.
       high_risk_prob: probability of the risky payout.
     """
-    if split not in constants.SPLITS:
-      raise ValueError(
-        f"bandit: split={split!r}; expected one of {tuple(constants.SPLITS)}"
-      )
-    if not isinstance(high_risk_prob, (int, float)) or not (
-      0.0 <= high_risk_prob <= 1.0
-    ):
-      raise ValueError(
-        f"bandit: high_risk_prob must be in [0, 1], got {high_risk_prob!r}"
-      )
-    for name, value in (
-      ("low_risk_reward", low_risk_reward),
-      ("high_risk_reward", high_risk_reward),
-    ):
-      if not isinstance(value, (int, float)):
-        raise ValueError(f"bandit: {name} must be a number, got {value!r}")
+    _check(split, low_risk_reward, high_risk_reward, high_risk_prob)
     self.split = split
     self.rewards = (float(low_risk_reward), float(high_risk_reward), 0.0)
     self.high_risk_prob = float(high_risk_prob)
@@ -94,17 +79,7 @@ class Bandit(core.TextEnv):
     limits[int(self._and)] = 2
     for i in self._name_ids:
       limits[int(i)] = 3
-    self.spec = core.EnvSpec(
-      name="bandit",
-      pieces=table.pieces,
-      action_names=c.ACTIONS,
-      instructions="",
-      legend=(),
-      list_actions=False,
-      max_obs_pieces=13,
-      max_steps=1,
-      piece_limits=tuple(limits),
-    )
+    self.spec = _spec(table, tuple(limits))
 
   def reset(self, key: jax.Array) -> tuple[State, core.TimeStep]:
     k_pair, k_order, k_dynamics = jax.random.split(key, 3)
@@ -178,3 +153,38 @@ class Bandit(core.TextEnv):
     return pieces, jnp.where(pulled, result.shape[0], intro.shape[0]).astype(
       jnp.int32
     )
+
+
+def _check(split, low_risk_reward, high_risk_reward, high_risk_prob) -> None:
+  """Raises ``ValueError`` naming a bad setting."""
+  if split not in constants.SPLITS:
+    raise ValueError(
+      f"bandit: split={split!r}; expected one of {tuple(constants.SPLITS)}"
+    )
+  if not isinstance(high_risk_prob, (int, float)) or not (
+    0.0 <= high_risk_prob <= 1.0
+  ):
+    raise ValueError(
+      f"bandit: high_risk_prob must be in [0, 1], got {high_risk_prob!r}"
+    )
+  for name, value in (
+    ("low_risk_reward", low_risk_reward),
+    ("high_risk_reward", high_risk_reward),
+  ):
+    if not isinstance(value, (int, float)):
+      raise ValueError(f"bandit: {name} must be a number, got {value!r}")
+
+
+def _spec(table: render.PieceTable, limits: tuple[int, ...]) -> core.EnvSpec:
+  """The bandit's spec: its pieces, arm names and observation bound."""
+  return core.EnvSpec(
+    name="bandit",
+    pieces=table.pieces,
+    action_names=constants.ACTIONS,
+    instructions="",
+    legend=(),
+    list_actions=False,
+    max_obs_pieces=13,
+    max_steps=1,
+    piece_limits=tuple(limits),
+  )

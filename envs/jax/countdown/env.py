@@ -77,22 +77,13 @@ class Countdown:
       tools: tools the agent may call before it answers (``envs.tools``),
         comma-separated: ``"calculator"``.
     """
-    for name, value in (
-      ("min_numbers", min_numbers),
-      ("max_numbers", max_numbers),
-      ("max_number", max_number),
-      ("max_target", max_target),
-      ("max_answer_bytes", max_answer_bytes),
-    ):
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(
-          f"countdown: {name} must be a positive integer, got {value!r}"
-        )
-    if min_numbers > max_numbers:
-      raise ValueError(
-        f"countdown: min_numbers={min_numbers} exceeds "
-        f"max_numbers={max_numbers}"
-      )
+    _check(
+      min_numbers=min_numbers,
+      max_numbers=max_numbers,
+      max_number=max_number,
+      max_target=max_target,
+      max_answer_bytes=max_answer_bytes,
+    )
     self.problems = _load(problems, max_numbers) if problems else None
     self._solution_table: np.ndarray | None = None
     if self.problems is not None:
@@ -110,21 +101,8 @@ class Countdown:
     table.add_all(constants.ALPHABET)
     self._target_width = render.num_digits(max_target)
     self._number_width = render.num_digits(max_number)
-    self.spec = core.EnvSpec(
-      name="countdown",
-      pieces=table.pieces,
-      action_names=(),
-      instructions=constants.INSTRUCTIONS,
-      legend=(),
-      list_actions=False,
-      max_obs_pieces=3
-      + self._target_width
-      + max_numbers * (self._number_width + 1),
-      max_steps=1,
-      text_answers=True,
-      answer_pieces=constants.ALPHABET,
-      tools=tools_lib.names(tools),
-    )
+    longest = 3 + self._target_width + max_numbers * (self._number_width + 1)
+    self.spec = _spec(table.pieces, longest, tools)
 
   def reset(self, key: jax.Array) -> tuple[State, core.TimeStep]:
     k_problem, k_dynamics = jax.random.split(key)
@@ -357,4 +335,37 @@ def _load(path: str, max_numbers: int) -> tuple[np.ndarray, ...]:
     np.asarray(nums, np.int32),
     np.asarray(targets, np.int32),
     np.asarray(counts, np.int32),
+  )
+
+
+def _check(**sizes: int) -> None:
+  """Raises ``ValueError`` naming a size that is not a positive integer,
+  or fewer numbers allowed than required."""
+  for name, value in sizes.items():
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(
+        f"countdown: {name} must be a positive integer, got {value!r}"
+      )
+  if sizes["min_numbers"] > sizes["max_numbers"]:
+    raise ValueError(
+      f"countdown: min_numbers={sizes['min_numbers']} exceeds "
+      f"max_numbers={sizes['max_numbers']}"
+    )
+
+
+def _spec(pieces: tuple[str, ...], longest: int, tools: str) -> core.EnvSpec:
+  """Countdown's spec: free-text answers over its alphabet, observations
+  of at most ``longest`` pieces."""
+  return core.EnvSpec(
+    name="countdown",
+    pieces=pieces,
+    action_names=(),
+    instructions=constants.INSTRUCTIONS,
+    legend=(),
+    list_actions=False,
+    max_obs_pieces=longest,
+    max_steps=1,
+    text_answers=True,
+    answer_pieces=constants.ALPHABET,
+    tools=tools_lib.names(tools),
   )

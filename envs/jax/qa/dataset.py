@@ -153,6 +153,34 @@ def _local_builder(path: str, data_dir: str | None, fields: tuple[str, str]):
   )
 
 
+def _builder(source: str, question_field: str, answer_field: str, data_dir):
+  """The tfds builder of ``source`` (a local file is wrapped in one) and
+  the names of the question and answer fields its records hold."""
+  import tensorflow_datasets as tfds
+
+  tfds.disable_progress_bar()
+  data_dir = data_dir or None
+  if source.endswith(LOCAL_SUFFIXES):
+    if not os.path.isfile(source):
+      raise ValueError(f"qa: dataset file {source!r} does not exist")
+    head = next(_rows(source), None)
+    if head is None:
+      raise ValueError(f"qa: dataset file {source!r} has no records")
+    where, first = head
+    fields = (
+      _field(question_field, constants.QUESTION_FIELDS, first, where),
+      _field(answer_field, constants.ANSWER_FIELDS, first, where),
+    )
+    return _local_builder(source, data_dir, fields), ("question", "answer")
+  builder = tfds.builder(source, data_dir=data_dir, file_format="array_record")
+  keys = builder.info.features.keys()
+  fields = (
+    _field(question_field, constants.QUESTION_FIELDS, keys, source),
+    _field(answer_field, constants.ANSWER_FIELDS, keys, source),
+  )
+  return builder, fields
+
+
 def load(
   source: str,
   split: str = "train",
@@ -175,32 +203,7 @@ def load(
     ValueError: a missing or malformed file, or missing fields, naming the
       file and line; an empty split.
   """
-  import tensorflow_datasets as tfds
-
-  tfds.disable_progress_bar()
-  data_dir = data_dir or None
-  if source.endswith(LOCAL_SUFFIXES):
-    if not os.path.isfile(source):
-      raise ValueError(f"qa: dataset file {source!r} does not exist")
-    head = next(_rows(source), None)
-    if head is None:
-      raise ValueError(f"qa: dataset file {source!r} has no records")
-    where, first = head
-    fields = (
-      _field(question_field, constants.QUESTION_FIELDS, first, where),
-      _field(answer_field, constants.ANSWER_FIELDS, first, where),
-    )
-    builder = _local_builder(source, data_dir, fields)
-    fields = ("question", "answer")
-  else:
-    builder = tfds.builder(
-      source, data_dir=data_dir, file_format="array_record"
-    )
-    keys = builder.info.features.keys()
-    fields = (
-      _field(question_field, constants.QUESTION_FIELDS, keys, source),
-      _field(answer_field, constants.ANSWER_FIELDS, keys, source),
-    )
+  builder, fields = _builder(source, question_field, answer_field, data_dir)
   builder.download_and_prepare()
   records = builder.as_data_source(split=split)
   text = lambda v: v.decode() if isinstance(v, bytes) else str(v)

@@ -84,18 +84,10 @@ class QA:
       [constants.CORRECT, constants.INCORRECT]
     )
     self._questions = table.add_all(data.questions)
-    labels = [a.encode().lower() for a in data.answers]
-    width = max(len(a) for a in labels)
-    self._labels = np.zeros((len(labels), width), np.uint8)
-    for i, a in enumerate(labels):
-      self._labels[i, : len(a)] = np.frombuffer(a, np.uint8)
-    self._label_lengths = np.asarray([len(a) for a in labels], np.int32)
-    self.num_questions = len(labels)
-    answer_pieces = tuple(sorted(set("".join(data.answers))))
-    piece = {p: i for i, p in enumerate(answer_pieces)}
-    self._answer_ids = np.full((len(labels), width), -1, np.int32)
-    for i, a in enumerate(data.answers):
-      self._answer_ids[i, : len(a)] = [piece[c] for c in a]
+    self._labels, self._label_lengths, self._answer_ids, answer_pieces = (
+      _answer_tables(data.answers)
+    )
+    self.num_questions = len(data.answers)
     self.spec = core.EnvSpec(
       name="qa",
       pieces=table.pieces,
@@ -182,3 +174,21 @@ class QA:
       ),
     )
     return piece.astype(jnp.int32)[None], jnp.ones((), jnp.int32)
+
+
+def _answer_tables(answers: list[str]):
+  """Each answer's lowercase bytes ``[Q, W]`` (zero after its length) and
+  their lengths, its characters as ids into the answer alphabet ``[Q, W]``
+  (-1 after its end), and that alphabet."""
+  labels = [a.encode().lower() for a in answers]
+  width = max(len(a) for a in labels)
+  label_bytes = np.zeros((len(labels), width), np.uint8)
+  for i, a in enumerate(labels):
+    label_bytes[i, : len(a)] = np.frombuffer(a, np.uint8)
+  lengths = np.asarray([len(a) for a in labels], np.int32)
+  alphabet = tuple(sorted(set("".join(answers))))
+  piece = {p: i for i, p in enumerate(alphabet)}
+  ids = np.full((len(labels), width), -1, np.int32)
+  for i, a in enumerate(answers):
+    ids[i, : len(a)] = [piece[c] for c in a]
+  return label_bytes, lengths, ids, alphabet

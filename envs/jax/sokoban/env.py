@@ -59,25 +59,7 @@ class Sokoban(core.TextEnv):
         (``W . G C B A @``).
     """
     rows, cols = _room(dim_room, num_boxes)
-    for name, value in (
-      ("max_steps", max_steps),
-      ("search_depth", search_depth),
-      ("num_walkers", num_walkers),
-    ):
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(
-          f"sokoban: {name} must be a positive integer, got {value!r}"
-        )
-    if render_mode not in render.BoardText.MODES:
-      raise ValueError(
-        f"sokoban: render_mode={render_mode!r}; expected one of "
-        f"{render.BoardText.MODES}"
-      )
-    if symbols not in constants.SYMBOLS:
-      raise ValueError(
-        f"sokoban: symbols={symbols!r}; expected one of "
-        f"{tuple(constants.SYMBOLS)}"
-      )
+    _check(render_mode, symbols, max_steps, search_depth, num_walkers)
     self.rows, self.cols, self.num_boxes = rows, cols, num_boxes
     self.max_steps = max_steps
     self.search_depth, self.num_walkers = search_depth, num_walkers
@@ -189,6 +171,28 @@ class Sokoban(core.TextEnv):
     start = state.player * n + jnp.argmax(state.boxes)
     return planning.shortest_plan(
       next_state, goal, jnp.zeros_like(goal), start, horizon
+    )
+
+
+def _check(render_mode, symbols, *positive: int) -> None:
+  """Raises ``ValueError`` naming a bad render mode, symbol set, or a
+  setting (max_steps, search_depth, num_walkers) that is not a positive
+  integer."""
+  names = ("max_steps", "search_depth", "num_walkers")
+  for name, value in zip(names, positive, strict=True):
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(
+        f"sokoban: {name} must be a positive integer, got {value!r}"
+      )
+  if render_mode not in render.BoardText.MODES:
+    raise ValueError(
+      f"sokoban: render_mode={render_mode!r}; expected one of "
+      f"{render.BoardText.MODES}"
+    )
+  if symbols not in constants.SYMBOLS:
+    raise ValueError(
+      f"sokoban: symbols={symbols!r}; expected one of "
+      f"{tuple(constants.SYMBOLS)}"
     )
 
 
