@@ -205,41 +205,16 @@ def _reverse_play(
   )  # [N] 4-bit sets
   deltas = jnp.asarray(deltas, i16)
   targets = targets.astype(i16)
-  t_row, t_col = targets // cols, targets % cols
   # Two 16-bit choices from each 32-bit word halve the Threefry work.
   words = jax.random.bits(key, ((depth + 1) // 2, num_walkers))
   halves = jnp.concatenate([words & 0xFFFF, words >> 16])[:depth]
 
   def body(carry, step_bits):
     p, boxes, last, swaps, best = carry
-    blocked = sum(
-      jnp.any(boxes == (p + deltas[d])[:, None], axis=-1).astype(jnp.int32) << d
-      for d in range(4)
+    new_p, boxes, last, swaps = _pull_step(
+      p, boxes, last, swaps, step_bits, open_dirs, deltas
     )
-    feasible = open_dirs[p] & ~blocked
-    count = jnp.asarray(_POPCOUNT)[feasible]
-    pick = (step_bits % jnp.maximum(count, 1).astype(jnp.uint32)).astype(
-      jnp.int32
-    )
-    delta = deltas[jnp.asarray(_KTH_DIRECTION)[feasible, pick]]
-    moved = count > 0
-    new_p = jnp.where(moved, p + delta, p)
-    # Moving away from an adjacent box pulls it into the vacated cell.
-    pulled = moved[:, None] & (boxes == (p - delta)[:, None])
-    boxes = jnp.where(pulled, p[:, None], boxes)
-    any_pull = jnp.any(pulled, axis=-1)
-    which = jnp.argmax(pulled, axis=-1).astype(jnp.int32)
-    swaps = swaps + (any_pull & (which != last))
-    last = jnp.where(any_pull, which, last)
-    displacement = jnp.sum(
-      jnp.abs(boxes // cols - t_row) + jnp.abs(boxes % cols - t_col),
-      axis=-1,
-      dtype=jnp.int32,
-    )
-    targets_empty = ~jnp.any(
-      boxes[:, :, None] == targets[None, None, :], axis=(1, 2)
-    ) & ~jnp.any(new_p[:, None] == targets[None, :], axis=-1)
-    score = jnp.where(targets_empty, swaps * displacement, 0)
+    score = _score(boxes, new_p, swaps, targets, cols)
     b_score, b_p, b_boxes = best
     better = score > b_score
     best = (
@@ -256,6 +231,48 @@ def _reverse_play(
   (*_, (score, best_p, best_boxes)), _ = jax.lax.scan(body, init, halves)
   w = jnp.argmax(score)
   return score[w], best_p[w].astype(jnp.int32), best_boxes[w].astype(jnp.int32)
+
+
+def _pull_step(p, boxes, last, swaps, step_bits, open_dirs, deltas):
+  """One reverse-play move of every walker: a random open direction (from
+  ``step_bits``); moving away from an adjacent box pulls it into the
+  vacated cell. Returns the walkers' cells, boxes, the box each last
+  pulled and how many times the pulled box changed."""
+  blocked = sum(
+    jnp.any(boxes == (p + deltas[d])[:, None], axis=-1).astype(jnp.int32) << d
+    for d in range(4)
+  )
+  feasible = open_dirs[p] & ~blocked
+  count = jnp.asarray(_POPCOUNT)[feasible]
+  pick = (step_bits % jnp.maximum(count, 1).astype(jnp.uint32)).astype(
+    jnp.int32
+  )
+  delta = deltas[jnp.asarray(_KTH_DIRECTION)[feasible, pick]]
+  moved = count > 0
+  new_p = jnp.where(moved, p + delta, p)
+  pulled = moved[:, None] & (boxes == (p - delta)[:, None])
+  boxes = jnp.where(pulled, p[:, None], boxes)
+  any_pull = jnp.any(pulled, axis=-1)
+  which = jnp.argmax(pulled, axis=-1).astype(jnp.int32)
+  swaps = swaps + (any_pull & (which != last))
+  last = jnp.where(any_pull, which, last)
+  return new_p, boxes, last, swaps
+
+
+def _score(boxes, player, swaps, targets, cols: int) -> jax.Array:
+  """Each walker's score ``[W]``: box swaps times the boxes' total
+  displacement from their targets, 0 while a target is covered (by a box
+  or the player)."""
+  t_row, t_col = targets // cols, targets % cols
+  displacement = jnp.sum(
+    jnp.abs(boxes // cols - t_row) + jnp.abs(boxes % cols - t_col),
+    axis=-1,
+    dtype=jnp.int32,
+  )
+  targets_empty = ~jnp.any(
+    boxes[:, :, None] == targets[None, None, :], axis=(1, 2)
+  ) & ~jnp.any(player[:, None] == targets[None, :], axis=-1)
+  return jnp.where(targets_empty, swaps * displacement, 0)
 
 
 def _random_player_walk(
@@ -286,6 +303,24 @@ def _random_player_walk(
     # Stop when stuck, or with probability 0.5 after each step.
     active = step & (cont <= 0.5)
   return player
+
+
+def _retry(step, key):
+  """Draws ``step(key)`` until its last output says it succeeded.
+
+  The body is traced once: the loop starts from a placeholder marked as
+  failed. Under vmap a while_loop runs until its slowest lane is done, so
+  each retried step is kept as cheap as possible.
+  """
+  shapes = jax.eval_shape(step, key)
+  placeholder = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+  def body(carry):
+    key, _ = carry
+    key, sub = jax.random.split(key)
+    return key, step(sub)
+
+  return jax.lax.while_loop(lambda c: ~c[1][-1], body, (key, placeholder))[1]
 
 
 @functools.partial(
@@ -323,26 +358,9 @@ def generate(
     first = jnp.argmax(ok)
     return floor, players[first], targets[first], ok[first]
 
-  def retry(step, key):
-    """Draws ``step(key)`` until its last output says it succeeded.
-
-    The body is traced once: the loop starts from a placeholder marked as
-    failed. Under vmap a while_loop runs until its slowest lane is done, so
-    each retried step is kept as cheap as possible.
-    """
-    shapes = jax.eval_shape(step, key)
-    placeholder = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-
-    def body(carry):
-      key, _ = carry
-      key, sub = jax.random.split(key)
-      return key, step(sub)
-
-    return jax.lax.while_loop(lambda c: ~c[1][-1], body, (key, placeholder))[1]
-
   def attempt(key):
     k_room, k_play, k_walk = jax.random.split(key, 3)
-    floor, player, targets, _ = retry(candidate, k_room)
+    floor, player, targets, _ = _retry(candidate, k_room)
     walls = ~floor
     score, player, box_cells = _reverse_play(
       k_play, walls, player, targets, cols, num_walkers, search_depth
@@ -359,4 +377,4 @@ def generate(
     return Level(walls, target_mask, boxes, player, displacement), score > 0
 
   # The prechecks make a failed search rare (never, with one box).
-  return retry(attempt, key)[0]
+  return _retry(attempt, key)[0]

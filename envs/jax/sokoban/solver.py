@@ -38,9 +38,10 @@ def solve(
   """
   walls = np.asarray(walls, bool).ravel()
   size = walls.shape[0]
-  goal = frozenset(np.flatnonzero(np.asarray(targets, bool).ravel()).tolist())
-  start_boxes = frozenset(np.flatnonzero(np.asarray(boxes, bool).ravel()))
-  start_boxes = frozenset(int(b) for b in start_boxes)
+  cells = lambda mask: frozenset(
+    int(c) for c in np.flatnonzero(np.asarray(mask, bool).ravel())
+  )
+  goal, start_boxes = cells(targets), cells(boxes)
   deltas = [dr * cols + dc for dr, dc in constants.MOVES]
   blocked = [bool(w) for w in walls]
 
@@ -60,26 +61,38 @@ def solve(
       return None
     state = queue.popleft()
     p, bx = state
-    for action, delta in enumerate(deltas):
-      dest = p + delta
-      if not inside(dest, delta, p) or blocked[dest]:
-        continue
-      new_boxes = bx
-      if dest in bx:
-        beyond = dest + delta
-        if not inside(beyond, delta, dest) or blocked[beyond] or beyond in bx:
-          continue
-        new_boxes = (bx - {dest}) | {beyond}
+    for action, dest, new_boxes in _moves(p, bx, deltas, inside, blocked):
       nxt = (dest, new_boxes)
       if nxt in parents:
         continue
       parents[nxt] = (state, action)
       if new_boxes <= goal:
-        path = []
-        node = nxt
-        while parents[node] is not None:
-          node, act = parents[node]
-          path.append(act)
-        return path[::-1]
+        return _path(parents, nxt)
       queue.append(nxt)
   return None
+
+
+def _moves(p: int, bx: frozenset, deltas, inside, blocked):
+  """The moves from the player at ``p`` with boxes ``bx``: (action, the
+  player's new cell, the boxes after it), a push included where the cell
+  beyond the box is free."""
+  for action, delta in enumerate(deltas):
+    dest = p + delta
+    if not inside(dest, delta, p) or blocked[dest]:
+      continue
+    new_boxes = bx
+    if dest in bx:
+      beyond = dest + delta
+      if not inside(beyond, delta, dest) or blocked[beyond] or beyond in bx:
+        continue
+      new_boxes = (bx - {dest}) | {beyond}
+    yield action, dest, new_boxes
+
+
+def _path(parents: dict, node) -> list[int]:
+  """The actions from the search's start to ``node``."""
+  path = []
+  while parents[node] is not None:
+    node, action = parents[node]
+    path.append(action)
+  return path[::-1]
