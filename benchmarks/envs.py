@@ -160,48 +160,7 @@ def python_rates(name: str) -> dict[str, float]:
   """Plain-Python steps/s and levels/s of the same rules."""
   rng = random.Random(0)
   if name.startswith("sokoban"):
-    env = envs.make(name)
-    rows, cols, nb = env.rows, env.cols, env.num_boxes
-
-    def generate(rng):
-      fixed, state, cells = _sokoban_peer(rows, cols, nb)
-      return ref.Sokoban(
-        walls=cells(fixed == 0),
-        targets=cells(fixed == 2),
-        boxes=cells((state == 3) | (state == 4)),
-        player=tuple(map(int, np.argwhere(state == 5)[0])),
-        rows=rows,
-        cols=cols,
-        max_steps=1_000_000,
-      )
-
-    levels = [generate(rng) for _ in range(16)]
-
-    def make_peer(rng):
-      lv = rng.choice(levels)
-      return ref.Sokoban(
-        set(lv.walls),
-        set(lv.targets),
-        set(lv.boxes),
-        lv.player,
-        rows,
-        cols,
-        lv.max_steps,
-      )
-
-    def step(peer, rng):
-      result = peer.step(rng.randrange(4))
-      peer.text("grid")
-      return result.terminated or result.truncated
-
-    count = 32 if nb == 1 else 4
-    gen_time = common.time_python(
-      lambda: [generate(rng) for _ in range(count)], min_seconds=2.0
-    )
-    return {
-      "py_steps_per_s": _python_step_rate(make_peer, step),
-      "py_levels_per_s": count / gen_time,
-    }
+    return _sokoban_rates(name, rng)
   if name == "frozen_lake":
     make_peer = lambda rng: ref.frozen_lake_generate(rng, 4, 0.8)
 
@@ -231,6 +190,53 @@ def python_rates(name: str) -> dict[str, float]:
   return {
     "py_steps_per_s": _python_step_rate(make_peer, step),
     "py_levels_per_s": 1000 / gen_time,
+  }
+
+
+def _sokoban_rates(name: str, rng: random.Random) -> dict[str, float]:
+  """``python_rates`` of Sokoban: the plain-Python rules stepping levels
+  of gym-sokoban's generator, and that generator's levels/s."""
+  env = envs.make(name)
+  rows, cols, nb = env.rows, env.cols, env.num_boxes
+
+  def generate(rng):
+    fixed, state, cells = _sokoban_peer(rows, cols, nb)
+    return ref.Sokoban(
+      walls=cells(fixed == 0),
+      targets=cells(fixed == 2),
+      boxes=cells((state == 3) | (state == 4)),
+      player=tuple(map(int, np.argwhere(state == 5)[0])),
+      rows=rows,
+      cols=cols,
+      max_steps=1_000_000,
+    )
+
+  levels = [generate(rng) for _ in range(16)]
+
+  def make_peer(rng):
+    lv = rng.choice(levels)
+    return ref.Sokoban(
+      set(lv.walls),
+      set(lv.targets),
+      set(lv.boxes),
+      lv.player,
+      rows,
+      cols,
+      lv.max_steps,
+    )
+
+  def step(peer, rng):
+    result = peer.step(rng.randrange(4))
+    peer.text("grid")
+    return result.terminated or result.truncated
+
+  count = 32 if nb == 1 else 4
+  gen_time = common.time_python(
+    lambda: [generate(rng) for _ in range(count)], min_seconds=2.0
+  )
+  return {
+    "py_steps_per_s": _python_step_rate(make_peer, step),
+    "py_levels_per_s": count / gen_time,
   }
 
 
@@ -360,22 +366,9 @@ def _ratio(row: dict[str, Any], kind: str) -> str:
   return f"{row[f'jax_{kind}_per_s'] / row[f'py_{kind}_per_s']:.1f}x"
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument(
-    "--batch-sizes",
-    default=",".join(map(str, DEFAULT_BATCHES)),
-    help="comma-separated batch sizes",
-  )
-  parser.add_argument("--envs", default=",".join(ENV_NAMES))
-  parser.add_argument("--difficulty-levels", type=int, default=1000)
-  parser.add_argument("--json", default=None, help="write the results here")
-  args = parser.parse_args(argv)
-  batches = [int(b) for b in args.batch_sizes.split(",")]
-  names = args.envs.split(",")
-  warnings.filterwarnings("ignore")
-  print(f"machine: {common.machine()}", flush=True)
-
+def _rates(names: list[str], batches: list[int]) -> tuple[list, str]:
+  """Every environment's JAX rates at every batch size beside its
+  plain-Python rules' rates: the rows, and their table."""
   rows, results = [], []
   for name in names:
     py = python_rates(name) if name in SETTINGS else {}
@@ -416,42 +409,72 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ],
     rows,
   )
+  return results, table
+
+
+def _gym_sokoban(results: list[dict[str, Any]]) -> dict[str, float]:
+  """gym-sokoban's rates, printed beside starpo-jax's largest batch."""
+  gym = gym_sokoban_rates()
+  largest = max(
+    (r for r in results if r["env"] == "sokoban"), key=lambda r: r["batch"]
+  )
+  print(
+    "\ngym-sokoban (6x6, one box, RAGEN's text render): "
+    f"{gym['steps_per_s']:,.0f} steps/s, {gym['levels_per_s']:,.0f} "
+    f"levels/s; starpo-jax at batch {largest['batch']}: "
+    f"{largest['jax_steps_per_s'] / gym['steps_per_s']:,.0f}x steps, "
+    f"{largest['jax_levels_per_s'] / gym['levels_per_s']:,.0f}x levels"
+  )
+  return gym
+
+
+def _difficulty(levels: int) -> dict[str, Any]:
+  """Optimal solution lengths of generated levels, printed."""
+  d = difficulty(levels)
+  print(
+    f"\nOptimal solution lengths of {d['levels']} generated 6x6 "
+    "one-box levels (BFS solver):"
+  )
+  print(
+    common.markdown_table(
+      ["generator", "mean", "p10", "median", "p90", "max"],
+      [
+        [k, v["mean"], v["p10"], v["median"], v["p90"], v["max"]]
+        for k, v in (
+          ("starpo-jax", d["starpo_jax"]),
+          ("gym-sokoban", d["gym_sokoban"]),
+        )
+      ],
+    )
+  )
+  for k in ("starpo_jax", "gym_sokoban"):
+    print(f"  histogram {k}: {d[k]['histogram']}")
+  return d
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument(
+    "--batch-sizes",
+    default=",".join(map(str, DEFAULT_BATCHES)),
+    help="comma-separated batch sizes",
+  )
+  parser.add_argument("--envs", default=",".join(ENV_NAMES))
+  parser.add_argument("--difficulty-levels", type=int, default=1000)
+  parser.add_argument("--json", default=None, help="write the results here")
+  args = parser.parse_args(argv)
+  batches = [int(b) for b in args.batch_sizes.split(",")]
+  names = args.envs.split(",")
+  warnings.filterwarnings("ignore")
+  print(f"machine: {common.machine()}", flush=True)
+
+  results, table = _rates(names, batches)
   print(table)
   payload: dict[str, Any] = {"machine": common.machine(), "rows": results}
   if "sokoban" in names:
-    gym = gym_sokoban_rates()
-    payload["gym_sokoban"] = gym
-    largest = max(
-      (r for r in results if r["env"] == "sokoban"), key=lambda r: r["batch"]
-    )
-    print(
-      "\ngym-sokoban (6x6, one box, RAGEN's text render): "
-      f"{gym['steps_per_s']:,.0f} steps/s, {gym['levels_per_s']:,.0f} "
-      f"levels/s; starpo-jax at batch {largest['batch']}: "
-      f"{largest['jax_steps_per_s'] / gym['steps_per_s']:,.0f}x steps, "
-      f"{largest['jax_levels_per_s'] / gym['levels_per_s']:,.0f}x levels"
-    )
+    payload["gym_sokoban"] = _gym_sokoban(results)
   if args.difficulty_levels:
-    d = difficulty(args.difficulty_levels)
-    payload["difficulty"] = d
-    print(
-      f"\nOptimal solution lengths of {d['levels']} generated 6x6 "
-      "one-box levels (BFS solver):"
-    )
-    print(
-      common.markdown_table(
-        ["generator", "mean", "p10", "median", "p90", "max"],
-        [
-          [k, v["mean"], v["p10"], v["median"], v["p90"], v["max"]]
-          for k, v in (
-            ("starpo-jax", d["starpo_jax"]),
-            ("gym-sokoban", d["gym_sokoban"]),
-          )
-        ],
-      )
-    )
-    for k in ("starpo_jax", "gym_sokoban"):
-      print(f"  histogram {k}: {d[k]['histogram']}")
+    payload["difficulty"] = _difficulty(args.difficulty_levels)
   common.write_json(args.json, payload)
   return payload
 

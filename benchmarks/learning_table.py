@@ -81,75 +81,78 @@ def summarize(workdir: str) -> dict[str, Any]:
   }
 
 
+# The table's rows: a label and how a run's summary fills its cell.
+ROWS = [
+  (
+    "steps (warm start + RL)",
+    lambda s: f"{s['warm_start_steps']} + {s['rl_steps']}",
+  ),
+  (
+    "wall time, compiles and evaluations included",
+    lambda s: (
+      f"{s['minutes']:.1f} min"
+      + (f" ({s['processes']} processes)" if s["processes"] > 1 else "")
+    ),
+  ),
+  ("held-out success, untrained (t=0.5)", lambda s: _eval(s["untrained"])),
+  ("after the warm start (t=0.5)", lambda s: _eval(s["start"])),
+  ("final (t=0.5)", lambda s: _eval(s["final"])),
+  ("final, greedy", lambda s: _eval(s["final"], "@t0")),
+  (
+    "best of the evaluations (t=0.5)",
+    lambda s: (
+      f"{_pct(s['best']['eval/success'])} (step {s['best']['step']})"
+      if s["best"]
+      else "-"
+    ),
+  ),
+  (
+    "RL's gain over its start, t=0.5 / greedy",
+    lambda s: f"{_points(s['gain'])} / {_points(s['gain_greedy'])} points",
+  ),
+  (
+    "held-out answers in the format, untrained / warm start / final",
+    lambda s: _three(s, "eval/format_rate", _pct),
+  ),
+  (
+    "held-out reasoning tokens a well-formed turn, same three",
+    lambda s: _three(s, "eval/think_tokens", lambda x: f"{x:.1f}"),
+  ),
+  ("random valid player, same levels", lambda s: _random(s["final"])),
+  (
+    "training success, first / last 10 RL steps",
+    lambda s: _pair(s["train_success"]),
+  ),
+  (
+    "valid action rate, first / last 10 RL steps",
+    lambda s: _pair(s["valid"]),
+  ),
+  (
+    "policy entropy, first / last 10 RL steps",
+    lambda s: "{:.2f} / {:.2f}".format(*s["entropy"]),
+  ),
+  (
+    "answers in the format, first / last 10 RL steps",
+    lambda s: _pair(s["train_format"]),
+  ),
+  (
+    "reasoning tokens a well-formed turn, first / last 10 RL steps",
+    lambda s: " / ".join(
+      "-" if np.isnan(x) else f"{x:.1f}" for x in s["train_think"]
+    ),
+  ),
+  (
+    "collapse MI, nats (step)",
+    lambda s: ", ".join(f"{m:.2f} ({k})" for k, m in s["mi"]) or "-",
+  ),
+]
+
+
 def table(runs: list[dict[str, Any]]) -> str:
   """A markdown table, one column per run."""
-  rows = [
-    (
-      "steps (warm start + RL)",
-      lambda s: f"{s['warm_start_steps']} + {s['rl_steps']}",
-    ),
-    (
-      "wall time, compiles and evaluations included",
-      lambda s: (
-        f"{s['minutes']:.1f} min"
-        + (f" ({s['processes']} processes)" if s["processes"] > 1 else "")
-      ),
-    ),
-    ("held-out success, untrained (t=0.5)", lambda s: _eval(s["untrained"])),
-    ("after the warm start (t=0.5)", lambda s: _eval(s["start"])),
-    ("final (t=0.5)", lambda s: _eval(s["final"])),
-    ("final, greedy", lambda s: _eval(s["final"], "@t0")),
-    (
-      "best of the evaluations (t=0.5)",
-      lambda s: (
-        f"{_pct(s['best']['eval/success'])} (step {s['best']['step']})"
-        if s["best"]
-        else "-"
-      ),
-    ),
-    (
-      "RL's gain over its start, t=0.5 / greedy",
-      lambda s: f"{_points(s['gain'])} / {_points(s['gain_greedy'])} points",
-    ),
-    (
-      "held-out answers in the format, untrained / warm start / final",
-      lambda s: _three(s, "eval/format_rate", _pct),
-    ),
-    (
-      "held-out reasoning tokens a well-formed turn, same three",
-      lambda s: _three(s, "eval/think_tokens", lambda x: f"{x:.1f}"),
-    ),
-    ("random valid player, same levels", lambda s: _random(s["final"])),
-    (
-      "training success, first / last 10 RL steps",
-      lambda s: _pair(s["train_success"]),
-    ),
-    (
-      "valid action rate, first / last 10 RL steps",
-      lambda s: _pair(s["valid"]),
-    ),
-    (
-      "policy entropy, first / last 10 RL steps",
-      lambda s: "{:.2f} / {:.2f}".format(*s["entropy"]),
-    ),
-    (
-      "answers in the format, first / last 10 RL steps",
-      lambda s: _pair(s["train_format"]),
-    ),
-    (
-      "reasoning tokens a well-formed turn, first / last 10 RL steps",
-      lambda s: " / ".join(
-        "-" if np.isnan(x) else f"{x:.1f}" for x in s["train_think"]
-      ),
-    ),
-    (
-      "collapse MI, nats (step)",
-      lambda s: ", ".join(f"{m:.2f} ({k})" for k, m in s["mi"]) or "-",
-    ),
-  ]
   names = [os.path.basename(os.path.normpath(s["workdir"])) for s in runs]
   out = ["| | " + " | ".join(names) + " |", "|---" * (len(runs) + 1) + "|"]
-  for label, cell in rows:
+  for label, cell in ROWS:
     out.append(f"| {label} | " + " | ".join(cell(s) for s in runs) + " |")
   return "\n".join(out)
 

@@ -48,31 +48,16 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
-
 from benchmarks import common
-from configs import sokoban
-from starpo_jax.agent import rollout as rollout_lib
-from starpo_jax.algo import batch as batch_lib
-from starpo_jax.algo import spec as spec_lib
-from starpo_jax.algo import update as update_lib
-from starpo_jax.models import checkpoints, hf
-from starpo_jax.models import config as model_config
-from starpo_jax.run import assembly
+from benchmarks.suites import SIDES, env_suite, row, update_workload
+from benchmarks.workload import SIZES, Pair, roofline
 
 SUITES = ("env", "rollout", "update", "iteration")
 # Asked for by name only (not in "all"): it needs Tunix's environment.
@@ -82,602 +67,6 @@ MODELS = ("tiny", "qwen2.5-0.5b", "smollm2-135m")
 
 # ----------------------------------------------------------------------------
 # Measuring.
-
-
-class PeakMemory:
-  """Peak resident memory (GiB) of this process while the block runs."""
-
-  def __enter__(self) -> PeakMemory:
-    self.peak = _rss()
-    self._stop = threading.Event()
-
-    def sample():
-      while not self._stop.wait(0.02):
-        self.peak = max(self.peak, _rss())
-
-    self._thread = threading.Thread(target=sample, daemon=True)
-    self._thread.start()
-    return self
-
-  def __exit__(self, *exc: Any) -> None:
-    self._stop.set()
-    self._thread.join()
-    self.peak = max(self.peak, _rss())
-
-  @property
-  def gib(self) -> float:
-    return self.peak / 2**30
-
-
-def _rss() -> int:
-  with open("/proc/self/statm") as f:
-    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def roofline(size: str, dtype: str) -> dict[str, float]:
-  """This machine's measured matrix-multiply FLOP/s in ``dtype`` and
-  memory bandwidth (larger operands on accelerators, to reach their
-  peaks)."""
-  big = jax.default_backend() != "cpu"
-  n = 512 if size == "smoke" else 8192 if big else 2048
-  a = jnp.ones((n, n), dtype)
-  _, seconds = common.time_jitted(jax.jit(lambda a: a @ a), a, repeats=5)
-  x = jnp.ones(((8 if size == "smoke" else 1024 if big else 64) << 20,))
-  _, read = common.time_jitted(jax.jit(jnp.sum), x, repeats=5)
-  return {"matmul_flops": 2 * n**3 / seconds, "bandwidth": x.nbytes / read}
-
-
-# XLA compiles so far in this process: a timed call after the warm-up that
-# compiles anything is a recompilation.
-_COMPILES = [0]
-
-
-def _count_compile(event: str, duration: float, **kwargs: Any) -> None:
-  del duration, kwargs
-  if event == "/jax/core/compile/backend_compile_duration":
-    _COMPILES[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compile)
-
-
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float, bool]:
-  """(seconds of the first, warm-up call; median seconds of the rest;
-  whether any of the rest compiled)."""
-  start = time.perf_counter()
-  fn()
-  first = time.perf_counter() - start
-  compiled = _COMPILES[0]
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return first, statistics.median(times), _COMPILES[0] > compiled
-
-
-def matmul_params_per_layer(cfg: model_config.ModelConfig) -> int:
-  d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  return d * hd * (h + 2 * kv) + h * hd * d + 3 * d * cfg.intermediate_size
-
-
-def forward_flops(
-  cfg: model_config.ModelConfig, tokens: float, logits: float, pairs: float
-) -> float:
-  """Forward FLOPs of ``tokens`` through the layers, ``logits`` of them
-  through the output layer, and ``pairs`` attended (query, key) pairs."""
-  return (
-    2 * cfg.num_layers * matmul_params_per_layer(cfg) * tokens
-    + 2 * cfg.hidden_size * cfg.vocab_size * logits
-    + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * pairs
-  )
-
-
-# ----------------------------------------------------------------------------
-# The workload: one config; the JAX side's train state and weights, which
-# the PyTorch side loads.
-
-SIZES = ("smoke", "cpu", "ragen")
-
-
-def workload(
-  model: str,
-  size: str,
-  tokenizer_dir: str,
-  replies: str = "short",
-  dtype: str = "float32",
-  algo: str = "grpo",
-):
-  """The Sokoban training config both sides run, with GRPO advantages and
-  no KL (the PyTorch baseline has no critic and no reference model):
-  ``algo="grpo"`` trains every group, ``"starpo_s"`` (the default
-  preset) the quarter of groups with the largest reward spread, which
-  each side slices out (the JAX step into its compacted batch).
-
-  ``size``: ``"cpu"`` fits a 2-core CPU; ``"ragen"`` is RAGEN's Sokoban
-  setting for pretrained models (128 episodes of 5 turns, 100 new tokens a
-  turn, 2,048 tokens of context); ``"smoke"`` is the smallest that runs
-  every path (CI). ``replies="long"`` (rollout only) swaps the tiny
-  model's short answers for RAGEN's reply format: ``<think>`` and 100 new
-  tokens a turn, on 32 episodes of 3 turns.
-  """
-  c = sokoban.get_config(f"model={model},algo={algo}")
-  packaged = model in checkpoints.PACKAGED
-  c.algo.adv_estimator = "grpo"
-  c.algo.kl_coef = 0.0
-  c.train.eval_every = 0
-  # What the PyTorch loop implements (and the README's tables measured):
-  # RAGEN's prompt and the token-mean loss, whatever the training configs
-  # choose for the tiny model.
-  c.rollout.prompt = "ragen"
-  c.algo.loss_agg = "token-mean"
-  c.model.dtype = c.model.param_dtype = dtype
-  if model == "tiny":
-    c.rollout.max_context = 768
-  elif packaged:
-    # Its own weights and tokenizer; RAGEN's reply format.
-    c.rollout.enable_think, c.rollout.answer_vocab = True, False
-  else:
-    # Random weights and the compact tokenizer (no download).
-    c.model.tokenizer = tokenizer_dir
-  if size != "ragen":
-    c.model.remat = "none"  # memory is not what limits these sizes
-  if model != "tiny" and size == "cpu" and not packaged:
-    c.rollout.env_groups, c.rollout.group_size = 2, 2
-    c.rollout.max_turns = 2
-    c.rollout.max_new_tokens = 16
-    c.rollout.max_context = 384
-    c.algo.minibatches = 2
-  if packaged and size == "ragen":
-    # RAGEN's Sokoban run (the config's own sizes are for a CPU).
-    c.rollout.env_groups, c.rollout.group_size = 8, 16
-    c.rollout.max_turns = 5
-    c.rollout.max_new_tokens = 100
-    c.rollout.max_context = 2048
-  if packaged and size in ("cpu", "smoke"):
-    # RAGEN's think replies at a size a 2-core CPU runs in minutes: 8
-    # episodes of 2 turns of up to 64 tokens (100 at --size ragen).
-    c.rollout.env_groups, c.rollout.group_size = 2, 4
-    c.rollout.max_turns = 2
-    c.rollout.max_new_tokens = 64
-    c.rollout.max_context = 1024
-    c.algo.minibatches = 2
-  if replies == "long":
-    c.rollout.enable_think, c.rollout.answer_vocab = True, False
-    c.rollout.env_groups, c.rollout.group_size = 2, 16
-    c.rollout.max_turns = 3
-    c.rollout.max_new_tokens = 100
-    c.rollout.max_context = 1024
-  if size == "smoke" and packaged:
-    # The real weights cannot shrink: the fewest tokens instead.
-    c.rollout.env_groups, c.rollout.group_size = 1, 2
-    c.rollout.max_turns = 1
-    c.rollout.max_new_tokens = 16
-  elif size == "smoke":
-    c.model.hidden_size, c.model.intermediate_size = 64, 128
-    c.model.num_heads, c.model.head_dim = 2, 32
-    c.model.num_kv_heads = 1
-    c.rollout.env_groups, c.rollout.group_size = 2, 2
-    c.rollout.max_turns = 2
-    c.rollout.max_new_tokens = min(c.rollout.max_new_tokens, 16)
-    c.rollout.max_context = 320
-    c.algo.minibatches = 2
-  return c
-
-
-class Pair:
-  """One workload: its config and setup, the JAX train state (built on
-  the JAX side, which also writes its weights in Hugging Face format) and
-  the PyTorch model loaded from those weights (on the PyTorch side)."""
-
-  def __init__(
-    self,
-    model: str,
-    size: str,
-    workdir: str,
-    replies: str = "short",
-    dtype: str = "float32",
-    algo: str = "grpo",
-    overrides: dict[str, Any] | None = None,
-  ):
-    """``overrides``: config settings by dotted name, set on the workload
-    (e.g. ``{"rollout.answer_vocab": False}``)."""
-    from starpo_jax.agent.prompt import prompt_pieces
-    from starpo_jax.models import tokenizer as tokenizer_lib
-
-    if size not in SIZES:
-      raise ValueError(f"size {size!r} is not one of {SIZES}")
-    self.name = model
-    self.smoke = size == "smoke"
-    self.dtype = dtype
-    tok_dir = os.path.join(workdir, "tokenizer")
-    packaged = model in checkpoints.PACKAGED
-    if model != "tiny" and not packaged and not os.path.exists(tok_dir):
-      spec = sokoban.get_config().rollout
-      settings = rollout_lib.RolloutConfig(
-        max_actions_per_turn=spec.max_actions_per_turn
-      ).prompt_settings()
-      import envs
-
-      tokenizer_lib.build_compact(
-        prompt_pieces(envs.make("sokoban").spec, settings)
-      ).save(tok_dir)
-    self.replies, self.algo = replies, algo
-    self.config = workload(model, size, tok_dir, replies, dtype, algo)
-    for name, value in (overrides or {}).items():
-      section, key = name.split(".")
-      self.config[section][key] = value
-    self.setup = assembly.build(self.config)
-    self.learner = assembly.make_learner(self.setup)
-    self.policy_def = self.learner.policy_def
-    self.model_cfg = self.setup.model_cfg
-    # Where the PyTorch side reads the weights: the packaged GGUF file
-    # itself, else what the JAX side writes.
-    self.model_file = self.setup.ckpt if packaged else None
-    self.model_dir = os.path.join(workdir, f"hf-{model}-{dtype}")
-    allowed = self.setup.codec.allowed
-    self.allowed = None if allowed is None else np.asarray(allowed)
-    self.state = None
-    self.torch_model = None
-
-  def init_jax(self) -> None:
-    """The JAX train state; its policy's weights written for PyTorch."""
-    self.state = assembly.init_state(self.setup, self.learner)
-    if self.model_file is None and not os.path.exists(self.model_dir):
-      hf.save(nnx.merge(self.policy_def, self.state.policy), self.model_dir)
-
-  def init_torch(self, device: str) -> None:
-    """The PyTorch model with the JAX side's weights, in the same dtype,
-    with PyTorch's fused attention (SDPA: flash attention on GPUs)."""
-    import torch
-    import transformers
-
-    from benchmarks.torch_baseline import starpo as tb
-
-    where, kwargs = self.model_dir, {}
-    if self.model_file is not None:
-      where, name = os.path.split(self.model_file)
-      kwargs = {"gguf_file": name}
-    self.torch_model = transformers.AutoModelForCausalLM.from_pretrained(
-      where,
-      dtype=getattr(torch, self.dtype),
-      attn_implementation="sdpa",
-      **kwargs,
-    ).to(device)
-    self.torch_cfg = tb.Config.from_setup(self.setup)
-
-  def torch_loop(self, kind: str, compile: bool = False):
-    """A PyTorch loop on these weights."""
-    from benchmarks.torch_baseline import starpo as tb
-
-    return tb.Loop(
-      self.torch_model,
-      self.setup.tokenizer,
-      self.setup.env.spec,
-      self.torch_cfg,
-      self.allowed,
-      kind=kind,
-      compile=compile,
-    )
-
-  def describe(self) -> str:
-    r = self.setup.config.rollout
-    return (
-      f"{self.name} ({self.model_cfg.num_params() / 1e6:.1f}M, "
-      f"{self.dtype}), {r.batch} episodes x {r.max_turns} turns x "
-      f"{r.max_new_tokens} tokens"
-      + (" (think)" if r.enable_think else "")
-      + ("" if self.algo == "grpo" else f", {self.algo}")
-    )
-
-
-def _row(suite, pair, metric, jax_value, baseline, torch_value, **extra):
-  return dict(
-    suite=suite,
-    workload=pair if isinstance(pair, str) else pair.describe(),
-    metric=metric,
-    jax=jax_value,
-    baseline=baseline,
-    torch=torch_value,
-    ratio=jax_value / torch_value,
-    **extra,
-  )
-
-
-# ----------------------------------------------------------------------------
-# Suites.
-
-
-def env_suite(smoke: bool, peak: dict[str, float]) -> list[dict[str, Any]]:
-  from benchmarks import envs as env_bench
-
-  batches = (64,) if smoke else (1, 64, 4096)
-  gym = env_bench.gym_sokoban_rates()
-  py = env_bench.python_rates("sokoban")
-  rows = []
-  for batch in batches:
-    with PeakMemory() as mem:
-      r = env_bench.jax_row("sokoban", batch)
-    extra = dict(
-      compile_s=r["step_compile_s"] + r["reset_compile_s"], peak_gib=mem.gib
-    )
-    where = f"sokoban 6x6, batch {batch}"
-    for key, metric in (
-      ("steps_per_s", "steps/s"),
-      ("levels_per_s", "levels/s"),
-    ):
-      for baseline, value in (
-        ("gym-sokoban", gym[key]),
-        ("plain Python", py[f"py_{key}"]),
-      ):
-        rows.append(
-          _row("env", where, metric, r[f"jax_{key}"], baseline, value, **extra)
-        )
-  return rows
-
-
-def rollout_baselines(pair: Pair) -> list[tuple[str, str, bool]]:
-  """(generator kind, label, torch.compile) of the rollout's baselines."""
-  return [
-    ("dynamic", "transformers generate + Python envs", False),
-    ("static", "static-cache loop + Python envs", False),
-    # torch.compile takes about a minute on a CPU, and made decoding slower
-    # there.
-    *(
-      []
-      if pair.smoke or pair.replies == "long"
-      else [("static", "static-cache loop, torch.compile + Python envs", True)]
-    ),
-  ]
-
-
-def rollout_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
-  setup, cfg = pair.setup, pair.model_cfg
-  play = jax.jit(
-    lambda p, codec, k: rollout_lib.rollout(
-      nnx.merge(pair.policy_def, p), codec, setup.env, setup.config.rollout, k
-    )
-  )
-  keys = iter(range(1, 1000))
-  out = {}
-
-  def run():
-    out["traj"] = jax.block_until_ready(
-      play(pair.state.policy, setup.codec, jax.random.key(next(keys)))
-    )
-
-  with PeakMemory() as mem:
-    first, seconds, recompiled = timed(run, repeats)
-  traj = out["traj"]
-  generated = float(np.sum(traj.response_lengths))
-  lengths = np.asarray(traj.length, np.float64)
-  flops = forward_flops(
-    cfg,
-    float(np.sum(lengths)),
-    generated + setup.config.rollout.max_turns * setup.config.rollout.batch,
-    float(np.sum(lengths * (lengths + 1) / 2)),
-  )
-  # Decoding reads every weight once per step for the whole batch, and each
-  # token reads its episode's keys and values so far.
-  size = jnp.dtype(cfg.dtype).itemsize
-  param_bytes = size * cfg.num_params()
-  kv_bytes = 2 * size * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
-  steps = generated / setup.config.rollout.batch
-  moved = (
-    steps * param_bytes + generated * float(np.mean(lengths)) / 2 * kv_bytes
-  )
-  return dict(
-    suite="rollout",
-    workload=pair.describe(),
-    metric="generated tokens/s",
-    jax=generated / seconds,
-    compile_s=first - seconds,
-    peak_gib=mem.gib,
-    flops_frac=flops / seconds / peak["matmul_flops"],
-    bandwidth_frac=moved / seconds / peak["bandwidth"],
-    recompiled=recompiled,
-  )
-
-
-def rollout_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
-  rates = []
-  for kind, label, compile in rollout_baselines(pair):
-    loop = pair.torch_loop(kind, compile)
-    counts = []
-    _, t_seconds, _ = timed(
-      lambda loop=loop, counts=counts: counts.append(
-        loop.rollout().generated_tokens
-      ),
-      repeats,
-    )
-    rates.append((label, float(np.mean(counts[1:])) / t_seconds))
-  return rates
-
-
-def update_batch(pair: Pair) -> dict[str, np.ndarray]:
-  """A minibatch of the training shape where every generated token
-  trains, the same on both sides (seeded)."""
-  setup, r = pair.setup, pair.setup.config.rollout
-  mb = r.batch // setup.config.algo.minibatches
-  length, gen = r.max_context, r.max_generated
-  rng = np.random.default_rng(0)
-  vocab = setup.tokenizer.vocab_size
-  tokens = rng.integers(0, vocab, (mb, length)).astype(np.int32)
-  positions = np.sort(
-    np.stack(
-      [rng.choice(np.arange(1, length), gen, replace=False) for _ in range(mb)]
-    ),
-    axis=1,
-  ).astype(np.int32)
-  if pair.allowed is not None:
-    # Generated tokens are ones the policy may emit.
-    ok = np.flatnonzero(pair.allowed)
-    np.put_along_axis(tokens, positions, rng.choice(ok, positions.shape), 1)
-  return dict(
-    tokens=tokens,
-    positions=positions,
-    old_logp=-rng.uniform(0.5, 3.0, (mb, gen)).astype(np.float32),
-    adv=rng.normal(size=(mb, gen)).astype(np.float32),
-  )
-
-
-def update_workload(pair: Pair) -> str:
-  r = pair.setup.config.rollout
-  mb = r.batch // pair.setup.config.algo.minibatches
-  return (
-    f"{pair.name} ({pair.dtype}), minibatch {mb} x {r.max_context} tokens "
-    f"({r.max_generated} scored)"
-  )
-
-
-UPDATE_BASELINE = "same loss in PyTorch (AdamW)"
-
-
-def update_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
-  setup, cfg, algo = pair.setup, pair.model_cfg, pair.setup.config.algo
-  data = update_batch(pair)
-  mb, length = data["tokens"].shape
-  gen = data["positions"].shape[1]
-  dist = spec_lib.Distribution(
-    setup.config.rollout.temperature, setup.codec.allowed
-  )
-
-  def loss_fn(params, batch):
-    # The step's own objective, on a batch where every token trains.
-    return update_lib.policy_objective(
-      params, pair.policy_def, batch, algo, dist
-    )[0]
-
-  def update_fn(params, opt, batch):
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-    updates, opt = pair.learner.policy_tx.update(grads, opt, params)
-    return optax.apply_updates(params, updates), opt, loss
-
-  # Outputs keep the inputs' shardings, so the next call does not recompile.
-  shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
-  placed = (shardings(pair.state.policy), shardings(pair.state.policy_opt))
-  update = jax.jit(
-    update_fn,
-    donate_argnums=(0, 1),
-    in_shardings=(*placed, None),
-    out_shardings=(*placed, None),
-  )
-  zeros = jnp.zeros((mb, gen), jnp.float32)
-  batch = batch_lib.Batch(
-    tokens=jnp.asarray(data["tokens"]),
-    positions=jnp.asarray(data["positions"]),
-    mask=jnp.ones((mb, gen), bool),
-    old_logp=jnp.asarray(data["old_logp"]),
-    ref_logp=zeros,
-    advantages=jnp.asarray(data["adv"]),
-    returns=zeros,
-    values=zeros,
-    episode=jnp.arange(mb, dtype=jnp.int32),
-  )
-  # Donated: each suite has a Pair of its own.
-  carry = {"params": pair.state.policy, "opt": pair.state.policy_opt}
-
-  def run():
-    p, o, loss = update(carry["params"], carry["opt"], batch)
-    jax.block_until_ready(loss)
-    carry.update(params=p, opt=o)
-
-  with PeakMemory() as mem:
-    first, seconds, recompiled = timed(run, repeats)
-  trained = mb * length
-  flops = 3 * forward_flops(
-    cfg, trained, mb * gen, mb * length * (length + 1) / 2
-  )
-  return dict(
-    suite="update",
-    workload=update_workload(pair),
-    metric="trained tokens/s",
-    jax=trained / seconds,
-    compile_s=first - seconds,
-    peak_gib=mem.gib,
-    flops_frac=flops / seconds / peak["matmul_flops"],
-    recompiled=recompiled,
-  )
-
-
-def update_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
-  import torch
-
-  from benchmarks.torch_baseline import starpo as tb
-
-  data = update_batch(pair)
-  mb, length = data["tokens"].shape
-  gen = data["positions"].shape[1]
-  opt = tb.optimizer(pair.torch_model, pair.torch_cfg)
-  dev = tb.model_device(pair.torch_model)
-  t_allowed = None if pair.allowed is None else torch.as_tensor(pair.allowed)
-  t_allowed = None if t_allowed is None else t_allowed.to(dev)
-  pick = dict(
-    tokens=torch.as_tensor(data["tokens"]).long(),
-    attention_mask=torch.ones(mb, length, dtype=torch.long),
-    positions=torch.as_tensor(data["positions"]).long(),
-    old_logp=torch.as_tensor(data["old_logp"]),
-    adv=torch.as_tensor(data["adv"]),
-    mask=torch.ones(mb, gen, dtype=torch.bool),
-  )
-  pick = {k: v.to(dev) for k, v in pick.items()}
-  pair.torch_model.train()
-  _, t_seconds, _ = timed(
-    lambda: tb.minibatch_step(
-      pair.torch_model, opt, pick, pair.torch_cfg, t_allowed
-    ),
-    repeats,
-  )
-  return [(UPDATE_BASELINE, mb * length / t_seconds)]
-
-
-ITERATION_BASELINES = (
-  ("dynamic", "torch_baseline: generate + Python envs"),
-  ("static", "torch_baseline: static-cache loop"),
-)
-
-
-def iteration_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
-  setup = pair.setup
-  step = assembly.compile_step(setup, pair.state, pair.learner)
-  holder = {"state": pair.state}
-  tokens = []
-
-  def run():
-    holder["state"], m = step(holder["state"], setup.codec)
-    tokens.append(float(jax.block_until_ready(m["rollout/generated_tokens"])))
-
-  with PeakMemory() as mem:
-    first, seconds, recompiled = timed(run, repeats)
-  return dict(
-    suite="iteration",
-    workload=pair.describe(),
-    metric="iterations/s",
-    jax=1 / seconds,
-    compile_s=first - seconds,
-    peak_gib=mem.gib,
-    recompiled=recompiled,
-    jax_tokens=float(np.mean(tokens[1:])),
-  )
-
-
-def iteration_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
-  rates = []
-  # Uncompiled: torch.compile made a CPU's decoding slower (the rollout
-  # rows).
-  for kind, label in ITERATION_BASELINES:
-    loop = pair.torch_loop(kind)
-    _, t_seconds, _ = timed(loop.iteration, repeats)
-    del loop  # its optimizer state
-    rates.append((label, 1 / t_seconds))
-  return rates
-
-
-SIDES = {
-  "rollout": (rollout_jax, rollout_torch),
-  "update": (update_jax, update_torch),
-  "iteration": (iteration_jax, iteration_torch),
-}
 
 
 def merge(
@@ -702,7 +91,7 @@ def merge(
       extra.pop("metric")
       extra.pop("jax")
       rows.append(
-        _row(
+        row(
           half["suite"],
           half["workload"],
           half["metric"],
@@ -834,7 +223,7 @@ def _child(args, side: str, workdir: str) -> dict[str, Any]:
     return json.load(f)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     description=__doc__.splitlines()[0],
     formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -868,6 +257,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     "--side", choices=("jax", "torch"), help=argparse.SUPPRESS
   )
   parser.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
+  return parser
+
+
+def _arguments(argv: list[str] | None):
+  """The command line, checked; ``args.suites``: the suites this module
+  runs (the peers suite apart), and whether the peers suite runs."""
+  parser = _parser()
   args = parser.parse_args(argv)
   if args.smoke:
     args.size, args.repeats = "smoke", 1
@@ -890,60 +286,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "(benchmarks/peers/tunix/requirements.txt says how to make it, or "
         "set TUNIX_PYTHON)"
       )
-  warnings.filterwarnings("ignore")
+  return args, peers
 
+
+def _side(args) -> None:
+  """One framework's rows, in the child process ``--side`` names."""
   if args.side == "jax":
     peak = roofline(args.size, args.dtype)
     rows = run_side(args, "jax", args.workdir, peak)
     common.write_json(
       args.json, {"peak": peak, "rows": rows, "pid": os.getpid()}
     )
-    return {}
-  if args.side == "torch":
-    import torch
+    return
+  import torch
 
-    if args.torch_device is None:
-      args.torch_device = "cuda" if torch.cuda.is_available() else "cpu"
-    # The same threads on both sides: XLA's CPU backend uses every core.
-    torch.set_num_threads(os.cpu_count() or 1)
-    rows = run_side(args, "torch", args.workdir, None)
-    common.write_json(
-      args.json,
-      {
-        "rows": rows,
-        "torch_threads": torch.get_num_threads(),
-        "torch_device": args.torch_device,
-        "pid": os.getpid(),
-      },
-    )
-    return {}
+  if args.torch_device is None:
+    args.torch_device = "cuda" if torch.cuda.is_available() else "cpu"
+  # The same threads on both sides: XLA's CPU backend uses every core.
+  torch.set_num_threads(os.cpu_count() or 1)
+  rows = run_side(args, "torch", args.workdir, None)
+  common.write_json(
+    args.json,
+    {
+      "rows": rows,
+      "torch_threads": torch.get_num_threads(),
+      "torch_device": args.torch_device,
+      "pid": os.getpid(),
+    },
+  )
 
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  args, peers = _arguments(argv)
+  warnings.filterwarnings("ignore")
+  if args.side is not None:
+    _side(args)
+    return {}
   start = time.perf_counter()
   print(f"machine: {common.machine()}", flush=True)
   payload: dict[str, Any] = {"machine": common.machine(), "rows": []}
   if args.suites:
-    with tempfile.TemporaryDirectory() as workdir:
-      # JAX first: it writes the weights the PyTorch side loads.
-      jax_side = _child(args, "jax", workdir)
-      torch_side = _child(args, "torch", workdir)
-    peak = jax_side["peak"]
-    print(
-      f"measured peaks: {peak['matmul_flops'] / 1e9:.0f} GFLOP/s "
-      f"{args.dtype} matmul, {peak['bandwidth'] / 1e9:.1f} GB/s read",
-      flush=True,
-    )
-    payload.update(
-      # Each framework ran in its own process (and neither in this one).
-      pids={
-        "jax": jax_side["pid"],
-        "torch": torch_side["pid"],
-        "parent": os.getpid(),
-      },
-      torch_threads=torch_side["torch_threads"],
-      torch_device=torch_side["torch_device"],
-      peak=peak,
-      rows=merge(jax_side["rows"], torch_side["rows"]),
-    )
+    payload.update(_both_sides(args))
   if peers:
     from benchmarks.peers.tunix import side_by_side
 
@@ -956,6 +339,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   payload["args"] = {k: v for k, v in vars(args).items() if k != "side"}
   common.write_json(args.json, payload)
   return payload
+
+
+def _both_sides(args) -> dict[str, Any]:
+  """Both frameworks' rows, each side in its own process, merged."""
+  with tempfile.TemporaryDirectory() as workdir:
+    # JAX first: it writes the weights the PyTorch side loads.
+    jax_side = _child(args, "jax", workdir)
+    torch_side = _child(args, "torch", workdir)
+  peak = jax_side["peak"]
+  print(
+    f"measured peaks: {peak['matmul_flops'] / 1e9:.0f} GFLOP/s "
+    f"{args.dtype} matmul, {peak['bandwidth'] / 1e9:.1f} GB/s read",
+    flush=True,
+  )
+  return dict(
+    # Each framework ran in its own process (and neither in this one).
+    pids={
+      "jax": jax_side["pid"],
+      "torch": torch_side["pid"],
+      "parent": os.getpid(),
+    },
+    torch_threads=torch_side["torch_threads"],
+    torch_device=torch_side["torch_device"],
+    peak=peak,
+    rows=merge(jax_side["rows"], torch_side["rows"]),
+  )
 
 
 def _peers(args) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from benchmarks import run
+from benchmarks import run, workload
 
 
 def test_smoke_run_reports_every_suite(tmp_path):
@@ -85,8 +85,10 @@ def test_merge_pairs_each_measurement_with_its_own_workloads_baselines():
 
 def test_timed_flags_a_recompilation_after_the_warm_up():
   add = jax.jit(lambda x: x + 1)
-  _, _, recompiled = run.timed(lambda: add(jnp.ones(3)), repeats=2)
+  _, _, recompiled = workload.timed(lambda: add(jnp.ones(3)), repeats=2)
   assert not recompiled
   sizes = iter(range(4, 10))
-  _, _, recompiled = run.timed(lambda: add(jnp.ones(next(sizes))), repeats=2)
+  _, _, recompiled = workload.timed(
+    lambda: add(jnp.ones(next(sizes))), repeats=2
+  )
   assert recompiled

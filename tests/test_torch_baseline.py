@@ -4,6 +4,8 @@ generation loops agree with each other."""
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,17 +13,17 @@ import optax
 import pytest
 import torch
 from flax import nnx
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from benchmarks import run
+from benchmarks import workload
 from benchmarks.torch_baseline import starpo as tb
 from starpo_jax.algo import advantages, filtering, logprobs, losses
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-  pair = run.Pair("tiny", "smoke", str(tmp_path_factory.mktemp("pair")))
+  pair = workload.Pair("tiny", "smoke", str(tmp_path_factory.mktemp("pair")))
   pair.init_jax()
   pair.init_torch("cpu")
   return pair
@@ -141,6 +143,12 @@ def test_grpo_advantages_agree_with_jax(scores, group_size):
 )
 def test_the_baselines_filter_keeps_the_groups_starpo_s_keeps(scores, shape):
   groups, size, fraction = shape
+  # Groups whose spreads differ by float rounding alone (equal in exact
+  # arithmetic, e.g. [0, .9, .9, -.1] and [-1.2, -1.2, -1.2, -.1]) may
+  # rank either way in float32; the two implementations then disagree
+  # about a tie, not about the rule.
+  spreads = sorted(set(np.std(np.reshape(scores, (groups, size)), axis=1)))
+  assume(all(b - a > 1e-6 for a, b in itertools.pairwise(spreads)))
   cfg = tb.Config(
     env_groups=groups,
     group_size=size,

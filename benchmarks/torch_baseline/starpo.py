@@ -32,109 +32,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import transformers
 
+from benchmarks.torch_baseline.config import Config, token_logprobs
+from benchmarks.torch_baseline.generator import Generator
 from reference import envs as ref
 from reference import text as reference_text
 from starpo_jax.agent import prompt as prompt_lib
 from starpo_jax.models.tokenizer import Tokenizer
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-  """The shape of a rollout and the update rule (``starpo_jax`` names)."""
-
-  env_groups: int
-  group_size: int
-  max_turns: int
-  max_new_tokens: int
-  max_actions_per_turn: int = 2
-  max_actions_per_traj: int = 10
-  enable_think: bool = True
-  temperature: float = 1.0
-  format_penalty: float = -0.1
-  clip_low: float = 0.2
-  clip_high: float = 0.28
-  dual_clip: float = 3.0
-  entropy_coef: float = 0.001
-  minibatches: int = 4
-  lr: float = 1e-3
-  b1: float = 0.9
-  b2: float = 0.999
-  weight_decay: float = 0.0
-  grad_clip: float = 1.0
-  # StarPO-S's filter (RAGEN V1): the fraction of groups with the largest
-  # in-group reward std that the update trains on; 1.0: every group.
-  keep_fraction: float = 1.0
-
-  @property
-  def batch(self) -> int:
-    return self.env_groups * self.group_size
-
-  @classmethod
-  def from_setup(cls, setup: Any) -> Config:
-    """The settings of a ``starpo_jax.assembly.Setup``."""
-    r, a, o = setup.config.rollout, setup.config.algo, setup.config.optim
-    f = setup.config.filter
-    if not f.keeps_everything and (
-      (f.metric, f.strategy, f.largest, f.include_zero, f.loss_scaling)
-      != ("reward_std", "top_k", True, True, "none")
-    ):
-      raise ValueError(
-        "the PyTorch baseline filters only as StarPO-S does: top_k of "
-        "groups by reward std, largest first"
-      )
-    if a.adv_estimator != "grpo" or a.uses_reference or a.epochs != 1:
-      raise ValueError(
-        "the PyTorch baseline implements GRPO without KL, one epoch"
-      )
-    if a.loss_agg != "token-mean" or r.prompt != "ragen":
-      raise ValueError(
-        "the PyTorch baseline implements the token-mean loss and RAGEN's prompt"
-      )
-    return cls(
-      env_groups=r.env_groups,
-      group_size=r.group_size,
-      max_turns=r.max_turns,
-      max_new_tokens=r.max_new_tokens,
-      max_actions_per_turn=r.max_actions_per_turn,
-      max_actions_per_traj=r.max_actions_per_traj,
-      enable_think=r.enable_think,
-      temperature=r.temperature,
-      format_penalty=r.format_penalty,
-      clip_low=a.clip_low,
-      clip_high=a.clip_high,
-      dual_clip=a.dual_clip,
-      entropy_coef=a.entropy_coef,
-      minibatches=a.minibatches,
-      lr=o.lr,
-      b1=o.b1,
-      b2=o.b2,
-      weight_decay=o.weight_decay,
-      grad_clip=o.grad_clip,
-      keep_fraction=1.0 if f.keeps_everything else f.value,
-    )
-
-
-# ----------------------------------------------------------------------------
-# Losses (the JAX versions live in starpo_jax/losses.py, advantages.py).
-
-
-def token_logprobs(
-  logits: torch.Tensor,
-  tokens: torch.Tensor,
-  temperature: float,
-  allowed: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-  """Log-probability and entropy of ``tokens [...]`` under ``logits``."""
-  logits = logits / (temperature or 1.0)
-  if allowed is not None:
-    logits = logits.masked_fill(~allowed, float("-inf"))
-  logp_all = torch.log_softmax(logits, dim=-1)
-  logp = logp_all.gather(-1, tokens[..., None])[..., 0]
-  p = logp_all.exp()
-  entropy = -(p * torch.where(p > 0, logp_all, 0.0)).sum(-1)
-  return logp, entropy
 
 
 def sequence_logprobs(
@@ -278,186 +182,6 @@ def sokoban_levels(count: int, rng: random.Random) -> list[ref.Sokoban]:
   return out
 
 
-class _OnlyAllowed(transformers.LogitsProcessor):
-  def __init__(self, allowed: torch.Tensor):
-    self.allowed = allowed
-
-  def __call__(self, input_ids, scores):
-    return scores.masked_fill(~self.allowed, float("-inf"))
-
-
-class Generator:
-  """One turn of generation for a list of episodes (see module docstring)."""
-
-  def __init__(
-    self,
-    model: Any,
-    tok: Tokenizer,
-    cfg: Config,
-    allowed: torch.Tensor | None,
-    kind: str = "dynamic",
-    compile: bool = False,
-  ):
-    if kind not in ("dynamic", "static"):
-      raise ValueError(f"generator kind {kind!r}; expected dynamic or static")
-    self.model, self.tok, self.cfg, self.allowed = model, tok, cfg, allowed
-    self.kind = kind
-    self.device = next(model.parameters()).device
-    self.stop_ids = set(tok.stop_ids)
-    close = tok.token_to_id("</answer>")
-    if close is not None:
-      self.stop_ids.add(close)
-    self.pad = tok.eos_id
-    self._decode = model.forward
-    if compile:
-      self._decode = torch.compile(model.forward, dynamic=False)
-    self._cache = self._valid = self._next_pos = self._pending = None
-    self._length = 0
-
-  def start(self, batch: int, max_len: int) -> None:
-    """A new rollout of ``batch`` episodes, ``max_len`` tokens each at most."""
-    if self.kind == "static":
-      self._cache = transformers.StaticCache(
-        config=self.model.config, max_cache_len=max_len
-      )
-      d = self.device
-      self._valid = torch.zeros(batch, max_len, dtype=torch.long, device=d)
-      self._next_pos = torch.zeros(batch, dtype=torch.long, device=d)
-      self._length = 0
-      self._pending = None
-
-  def _sample(self, logits: torch.Tensor, gen: torch.Generator):
-    t = self.cfg.temperature or 1.0
-    z = logits.float() / t
-    if self.allowed is not None:
-      z = z.masked_fill(~self.allowed, float("-inf"))
-    logp_all = torch.log_softmax(z, -1)
-    if self.cfg.temperature == 0:
-      tok = logp_all.argmax(-1)
-    else:
-      # Gumbel-max: an exact sample, with host random numbers on any device.
-      u = torch.rand(logp_all.shape, generator=gen).to(self.device)
-      tok = (logp_all - torch.log(-torch.log(u.clamp(min=1e-20)))).argmax(-1)
-    return tok, logp_all.gather(-1, tok[:, None])[:, 0]
-
-  @torch.no_grad()
-  def __call__(
-    self,
-    rows: list[int],
-    contexts: list[list[int]],
-    prompts: list[list[int]],
-    gen: torch.Generator,
-  ) -> tuple[list[list[int]], list[list[float]]]:
-    """Responses and their log-probabilities for episodes ``rows``."""
-    if self.kind == "dynamic":
-      return self._dynamic(contexts, gen)
-    return self._static(rows, prompts, gen)
-
-  def _dynamic(self, contexts, gen):
-    width = max(len(c) for c in contexts)
-    ids = torch.full((len(contexts), width), self.pad, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    for i, c in enumerate(contexts):
-      ids[i, width - len(c) :] = torch.tensor(c)
-      attention[i, width - len(c) :] = 1
-    processors = transformers.LogitsProcessorList(
-      [_OnlyAllowed(self.allowed)] if self.allowed is not None else []
-    )
-    torch.manual_seed(int(torch.randint(1 << 31, (), generator=gen)))
-    out = self.model.generate(
-      input_ids=ids.to(self.device),
-      attention_mask=attention.to(self.device),
-      do_sample=self.cfg.temperature > 0,
-      temperature=self.cfg.temperature or 1.0,
-      top_k=0,
-      top_p=1.0,
-      max_new_tokens=self.cfg.max_new_tokens,
-      eos_token_id=sorted(self.stop_ids),
-      pad_token_id=self.pad,
-      logits_processor=processors,
-      return_dict_in_generate=True,
-      output_logits=True,
-    )
-    new = out.sequences[:, width:]
-    logits = torch.stack(out.logits, 1)[:, : new.shape[1]]
-    logp, _ = token_logprobs(
-      logits.float(), new, self.cfg.temperature, self.allowed
-    )
-    return self._cut(new, logp)
-
-  def _cut(self, new: torch.Tensor, logp: torch.Tensor):
-    """Responses up to and including their first stop token."""
-    responses, logps = [], []
-    for row, lp in zip(new.tolist(), logp.tolist(), strict=True):
-      end = len(row)
-      for k, t in enumerate(row):
-        if t in self.stop_ids:
-          end = k + 1
-          break
-      responses.append(row[:end])
-      logps.append(lp[:end])
-    return responses, logps
-
-  def _forward(self, ids, positions, fn):
-    start = self._length
-    out = fn(
-      input_ids=ids,
-      position_ids=positions,
-      attention_mask=self._valid,
-      past_key_values=self._cache,
-      cache_position=torch.arange(
-        start, start + ids.shape[1], device=self.device
-      ),
-      use_cache=True,
-    )
-    self._length += ids.shape[1]
-    return out.logits[:, -1]
-
-  def _static(self, rows, prompts, gen):
-    # Every episode of the rollout stays in the batch (static shapes); the
-    # ones not playing this turn only have their slots masked out. The
-    # previous turn's last sampled token enters the cache with this prompt.
-    b = self._valid.shape[0]
-    d = self.device
-    live = torch.zeros(b, dtype=torch.bool, device=d)
-    live[rows] = True
-    width = max(len(p) for p in prompts)
-    ids = torch.full((b, width), self.pad, dtype=torch.long, device=d)
-    pos = self._next_pos[:, None].expand(b, width).clone()
-    start = self._length + (self._pending is not None)
-    for r, p in zip(rows, prompts, strict=True):
-      ids[r, width - len(p) :] = torch.tensor(p, device=d)
-      self._valid[r, start + width - len(p) : start + width] = 1
-      pos[r, width - len(p) :] = self._next_pos[r] + torch.arange(
-        len(p), device=d
-      )
-      self._next_pos[r] += len(p)
-    if self._pending is not None:
-      tok, tok_pos = self._pending
-      ids = torch.cat([tok[:, None], ids], 1)
-      pos = torch.cat([tok_pos, pos], 1)
-    logits = self._forward(ids, pos, self.model.forward)
-    finished = ~live
-    stops = torch.tensor(sorted(self.stop_ids), device=d)
-    out_tokens, out_logp = [], []
-    for k in range(self.cfg.max_new_tokens):
-      tok, lp = self._sample(logits, gen)
-      tok = torch.where(finished, self.pad, tok)
-      out_tokens.append(tok)
-      out_logp.append(lp)
-      self._valid[:, self._length] = (~finished).long()
-      pos = self._next_pos[:, None].clone()
-      self._next_pos += (~finished).long()
-      finished = finished | torch.isin(tok, stops)
-      if bool(finished.all()) or k == self.cfg.max_new_tokens - 1:
-        self._pending = (tok, pos)
-        break
-      logits = self._forward(tok[:, None], pos, self._decode)
-    new = torch.stack(out_tokens, 1)[rows]
-    logp = torch.stack(out_logp, 1)[rows]
-    return self._cut(new, logp)
-
-
 def turn_budget(tok: Tokenizer, cfg: Config, observation: str) -> int:
   """Most tokens one turn's prompt and reply can take."""
   prompt = reference_text.turn_text(
@@ -489,8 +213,6 @@ def rollout(
     tok, cfg, levels[0].text("grid")
   )
   policy.start(len(eps), budget)
-  open_tag = b"<think>" if cfg.enable_think else b"<answer>"
-  chat_stop = tok.token_to_id(tok.chat.stop)
   generated = 0
   for turn in range(cfg.max_turns):
     rows = [i for i, e in enumerate(eps) if not e.done]
@@ -498,57 +220,62 @@ def rollout(
       break
     prompts = []
     for i in rows:
-      e = eps[i]
-      chunk = tok.encode(
-        reference_text.turn_text(
-          turn=turn,
-          observation=e.env.text("grid"),
-          reward=e.reward,
-          warn=e.warn,
-          actions_left=cfg.max_actions_per_traj - e.used,
-          think=cfg.enable_think,
-          hint=cfg.max_new_tokens,
-          ended_by_stop=e.ended_by_stop,
-        )
-      )
+      chunk = _prompt_chunk(eps[i], turn, cfg, tok)
       # What the cache has not seen: the system prompt, too, at first.
       prompts.append((system if turn == 0 else []) + chunk)
-      e.ids += chunk
-      e.mask += [False] * len(chunk)
-      e.logp += [0.0] * len(chunk)
     responses, logps = policy(rows, [eps[i].ids for i in rows], prompts, gen)
     for i, resp, lp in zip(rows, responses, logps, strict=True):
-      e = eps[i]
       generated += len(resp)
-      e.ids += resp
-      e.mask += [True] * len(resp)
-      e.logp += lp
-      e.ended_by_stop = bool(resp) and resp[-1] == chat_stop
-      # Ids past the tokenizer (a padded embedding) stand for no bytes.
-      data = open_tag + b"".join(
-        tok.token_bytes(t) for t in resp if t < tok.vocab_size
-      )
-      _, actions = reference_text.parse(
-        data,
-        think=cfg.enable_think,
-        markers=reference_text.MARKERS,
-        max_actions=cfg.max_actions_per_turn,
-        action_names=("Up", "Down", "Left", "Right"),
-      )
-      reward, e.warn, env_done, e.used = ref.play_answer(
-        e.env,
-        actions,
-        e.used,
-        cfg.max_actions_per_traj,
-        cfg.format_penalty,
-      )
-      e.reward, e.ret = reward, e.ret + reward
-      e.done = (
-        env_done
-        or e.used >= cfg.max_actions_per_traj
-        or turn == cfg.max_turns - 1
-      )
+      _play_reply(eps[i], resp, lp, turn, cfg, tok)
   return Rollout(eps, generated)
+
+
+def _prompt_chunk(e: Episode, turn: int, cfg: Config, tok: Tokenizer):
+  """The turn's prompt tokens, appended to the episode (not trained)."""
+  chunk = tok.encode(
+    reference_text.turn_text(
+      turn=turn,
+      observation=e.env.text("grid"),
+      reward=e.reward,
+      warn=e.warn,
+      actions_left=cfg.max_actions_per_traj - e.used,
+      think=cfg.enable_think,
+      hint=cfg.max_new_tokens,
+      ended_by_stop=e.ended_by_stop,
+    )
+  )
+  e.ids += chunk
+  e.mask += [False] * len(chunk)
+  e.logp += [0.0] * len(chunk)
+  return chunk
+
+
+def _play_reply(e: Episode, resp, lp, turn: int, cfg: Config, tok) -> None:
+  """The reply appended to the episode (trained), its answer parsed and
+  played in the episode's environment."""
+  e.ids += resp
+  e.mask += [True] * len(resp)
+  e.logp += lp
+  e.ended_by_stop = bool(resp) and resp[-1] == tok.token_to_id(tok.chat.stop)
+  # Ids past the tokenizer (a padded embedding) stand for no bytes.
+  open_tag = b"<think>" if cfg.enable_think else b"<answer>"
+  data = open_tag + b"".join(
+    tok.token_bytes(t) for t in resp if t < tok.vocab_size
+  )
+  _, actions = reference_text.parse(
+    data,
+    think=cfg.enable_think,
+    markers=reference_text.MARKERS,
+    max_actions=cfg.max_actions_per_turn,
+    action_names=("Up", "Down", "Left", "Right"),
+  )
+  reward, e.warn, env_done, e.used = ref.play_answer(
+    e.env, actions, e.used, cfg.max_actions_per_traj, cfg.format_penalty
+  )
+  e.reward, e.ret = reward, e.ret + reward
+  e.done = (
+    env_done or e.used >= cfg.max_actions_per_traj or turn == cfg.max_turns - 1
+  )
 
 
 # ----------------------------------------------------------------------------

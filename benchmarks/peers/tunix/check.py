@@ -53,9 +53,9 @@ def logit_gap(workdir: str, perturb: bool = False, seed: int = 0) -> float:
   import jax.numpy as jnp
   from flax import nnx
 
-  from benchmarks import run
+  from benchmarks import workload
 
-  pair = run.Pair("tiny", "cpu", workdir)
+  pair = workload.Pair("tiny", "cpu", workdir)
   pair.init_jax()
   model = nnx.merge(pair.policy_def, pair.state.policy)
   rng = np.random.default_rng(seed)

@@ -195,43 +195,10 @@ class Clock:
       yield batch
 
 
-def main(spec_path: str, out_path: str) -> None:
-  with open(spec_path) as f:
-    SPEC.update(json.load(f))
-  logging.getLogger().setLevel(os.environ.get("TUNIX_LOG", "WARNING"))
-  tok = transformers.PreTrainedTokenizerFast(
-    tokenizer_file=os.path.join(SPEC["tokenizer"], "tokenizer.json"),
-    eos_token="<|im_end|>",
-    pad_token="<|endoftext|>",
-  )
-  cfg = model_config(SPEC["checkpoint"])
-  # One shared mesh for actor, reference and rollout (as the example's
-  # single-host recipe), its axes in Auto mode as Tunix shards them.
-  mesh = jax.make_mesh(
-    (1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2
-  )
-  actor = qwen2_params.create_model_from_safe_tensors(
-    SPEC["checkpoint"], cfg, mesh, dtype=jax.numpy.float32
-  )
-  reference = qwen2_params.create_model_from_safe_tensors(
-    SPEC["checkpoint"], cfg, mesh, dtype=jax.numpy.float32
-  )
-  groups = SPEC["env_groups"]
-  per_minibatch = groups // SPEC["minibatches"]
-  chat = AnswerPrefilledQwenParser(tok)
-  # The episode's token budget after its first prompt (Tunix counts both
-  # replies and later prompts against it): what the JAX side's context
-  # leaves after the same prompt.
-  first = SokobanAgent()
-  obs, _ = SokobanEnv(
-    {"level": np.asarray([json.dumps(SPEC["levels"][0][0])])}
-  ).reset()
-  first.update_from_env(obs, 0.0, False)
-  prompt = chat.parse(
-    first.chat_completions, add_generation_prompt=True, is_first_msg=True
-  )
-  budget = SPEC["max_context"] - len(tok.encode(prompt))
-  cluster = rl_cluster_lib.RLCluster(
+def _cluster(actor, reference, tok, mesh, budget: int, per_minibatch: int):
+  """Tunix's RL cluster: actor, reference and rollout on one mesh, the
+  JAX side's optimizer, minibatches and sampling."""
+  return rl_cluster_lib.RLCluster(
     actor=actor,
     reference=reference,
     tokenizer=tok,
@@ -275,30 +242,11 @@ def main(spec_path: str, out_path: str) -> None:
       ),
     ),
   )
-  learner = agentic_grpo_learner.GRPOLearner(
-    rl_cluster=cluster,
-    algo_config=agentic_grpo_learner.GRPOConfig(
-      num_generations=SPEC["group_size"],
-      num_iterations=1,
-      max_response_length=budget,
-      beta=0.0,
-      epsilon=SPEC["clip_low"],
-      epsilon_high=SPEC["clip_high"],
-      loss_agg_mode="token-mean",
-      max_concurrency=groups * SPEC["group_size"],
-    ),
-    chat_parser=chat,
-    agent_class=SokobanAgent,
-    env_class=SokobanEnv,
-  )
-  clock = Clock(
-    [
-      {"level": np.asarray([json.dumps(lv) for lv in levels])}
-      for levels in SPEC["levels"]
-    ]
-  )
-  learner.train(clock)
-  marks = [*clock.times, time.perf_counter()]
+
+
+def _iterations(marks: list[float], groups: int) -> list[dict[str, float]]:
+  """Each training step's time, generated tokens, return and compiles,
+  from the step boundaries ``marks`` and the events Tunix logged."""
   lengths = {
     step: value
     for name, value, step, _ in EVENTS
@@ -329,6 +277,74 @@ def main(spec_path: str, out_path: str) -> None:
     )
     for k, (a, b) in enumerate(itertools.pairwise(marks))
   ]
+  return iterations
+
+
+def _budget(chat, tok) -> int:
+  """The episode's token budget after its first prompt (Tunix counts both
+  replies and later prompts against it): what the JAX side's context
+  leaves after the same prompt."""
+  first = SokobanAgent()
+  obs, _ = SokobanEnv(
+    {"level": np.asarray([json.dumps(SPEC["levels"][0][0])])}
+  ).reset()
+  first.update_from_env(obs, 0.0, False)
+  prompt = chat.parse(
+    first.chat_completions, add_generation_prompt=True, is_first_msg=True
+  )
+  return SPEC["max_context"] - len(tok.encode(prompt))
+
+
+def main(spec_path: str, out_path: str) -> None:
+  with open(spec_path) as f:
+    SPEC.update(json.load(f))
+  logging.getLogger().setLevel(os.environ.get("TUNIX_LOG", "WARNING"))
+  tok = transformers.PreTrainedTokenizerFast(
+    tokenizer_file=os.path.join(SPEC["tokenizer"], "tokenizer.json"),
+    eos_token="<|im_end|>",
+    pad_token="<|endoftext|>",
+  )
+  cfg = model_config(SPEC["checkpoint"])
+  # One shared mesh for actor, reference and rollout (as the example's
+  # single-host recipe), its axes in Auto mode as Tunix shards them.
+  mesh = jax.make_mesh(
+    (1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2
+  )
+  actor = qwen2_params.create_model_from_safe_tensors(
+    SPEC["checkpoint"], cfg, mesh, dtype=jax.numpy.float32
+  )
+  reference = qwen2_params.create_model_from_safe_tensors(
+    SPEC["checkpoint"], cfg, mesh, dtype=jax.numpy.float32
+  )
+  groups = SPEC["env_groups"]
+  per_minibatch = groups // SPEC["minibatches"]
+  chat = AnswerPrefilledQwenParser(tok)
+  budget = _budget(chat, tok)
+  cluster = _cluster(actor, reference, tok, mesh, budget, per_minibatch)
+  learner = agentic_grpo_learner.GRPOLearner(
+    rl_cluster=cluster,
+    algo_config=agentic_grpo_learner.GRPOConfig(
+      num_generations=SPEC["group_size"],
+      num_iterations=1,
+      max_response_length=budget,
+      beta=0.0,
+      epsilon=SPEC["clip_low"],
+      epsilon_high=SPEC["clip_high"],
+      loss_agg_mode="token-mean",
+      max_concurrency=groups * SPEC["group_size"],
+    ),
+    chat_parser=chat,
+    agent_class=SokobanAgent,
+    env_class=SokobanEnv,
+  )
+  clock = Clock(
+    [
+      {"level": np.asarray([json.dumps(lv) for lv in levels])}
+      for levels in SPEC["levels"]
+    ]
+  )
+  learner.train(clock)
+  iterations = _iterations([*clock.times, time.perf_counter()], groups)
   with open(out_path, "w") as f:
     json.dump(dict(iterations=iterations), f)
 

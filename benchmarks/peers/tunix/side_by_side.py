@@ -40,7 +40,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from benchmarks import common
+from benchmarks import common, workload
 from benchmarks import run as run_lib
 from benchmarks.peers.tunix import check
 from benchmarks.torch_baseline import starpo as tb
@@ -59,11 +59,11 @@ SFT_STEPS = {"smoke": 80, "cpu": 60, "ragen": 60}
 SFT_EPISODES = 64
 
 
-def warm_pair(size: str, workdir: str, sft_steps: int) -> run_lib.Pair:
+def warm_pair(size: str, workdir: str, sft_steps: int) -> workload.Pair:
   """The iteration workload sampling the whole vocabulary, its policy
   warm-started by ``sft_steps`` planner-imitation steps (fresh optimizer
   moments after) and written to ``pair.model_dir`` for Tunix."""
-  pair = run_lib.Pair(
+  pair = workload.Pair(
     "tiny",
     size,
     workdir,
@@ -114,7 +114,7 @@ def levels(count: int, per_iteration: int, seed: int) -> list[list[dict]]:
   return out
 
 
-def spec(pair: run_lib.Pair, workdir: str, iterations: int) -> dict[str, Any]:
+def spec(pair: workload.Pair, workdir: str, iterations: int) -> dict[str, Any]:
   """What ``iteration.py`` needs, from the JAX side's setup."""
   r, a = pair.setup.config.rollout, pair.setup.config.algo
   o = pair.config.optim
@@ -153,7 +153,7 @@ def spec(pair: run_lib.Pair, workdir: str, iterations: int) -> dict[str, Any]:
   )
 
 
-def jax_side(pair: run_lib.Pair, repeats: int) -> dict[str, Any]:
+def jax_side(pair: workload.Pair, repeats: int) -> dict[str, Any]:
   """The compiled step's iterations/s, generated tokens and mean episode
   return (after one warm-up call)."""
   step = assembly.compile_step(pair.setup, pair.state, pair.learner)
@@ -165,8 +165,8 @@ def jax_side(pair: run_lib.Pair, repeats: int) -> dict[str, Any]:
     names = ("rollout/generated_tokens", "rollout/return", "rollout/num_turns")
     seen.append({k: float(jax.block_until_ready(m[k])) for k in names})
 
-  with run_lib.PeakMemory() as mem:
-    first, seconds, recompiled = run_lib.timed(iteration, repeats)
+  with workload.PeakMemory() as mem:
+    first, seconds, recompiled = workload.timed(iteration, repeats)
   timed = seen[1:]
   return dict(
     iterations_s=1 / seconds,
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     "--repeats", type=int, default=3, help="timed iterations a side"
   )
   parser.add_argument("--sft-steps", type=int, default=None)
-  parser.add_argument("--size", default="cpu", choices=run_lib.SIZES)
+  parser.add_argument("--size", default="cpu", choices=workload.SIZES)
   parser.add_argument("--json", default=None)
   parser.add_argument(
     "--workdir", default=None, help="keep the checkpoint, spec and logs here"
