@@ -1,7 +1,8 @@
 """The documentation runs: the walkthrough of docs/adding_an_environment.md
 executes block by block (an environment, its registration, a config, a
-training run, a test), and every ``python -m`` command the README and the
-docs show answers ``--help``."""
+training run, a test), every ``python -m`` command the README and the
+docs show answers ``--help``, and every table rendered from a JSON file
+(``benchmarks/doc_tables.py``) shows what its JSON holds."""
 
 from __future__ import annotations
 
@@ -88,3 +89,14 @@ def test_links_between_documents_resolve(path):
     if "://" in target:
       continue
     assert (path.parent / target).exists(), f"{path.name}: {target}"
+
+
+def test_every_table_matches_the_json_it_is_rendered_from():
+  from benchmarks import doc_tables
+
+  assert doc_tables.stale() == [], "run python -m benchmarks.doc_tables"
+  # A figure typed over its JSON's is caught.
+  text = (ROOT / "docs" / "benchmarks.md").read_text()
+  assert "<!-- table run docs/bench_tiny.json -->" in text
+  planted = text.replace("| 395,570 |", "| 395,571 |", 1)
+  assert planted != text and doc_tables.render(planted) != planted

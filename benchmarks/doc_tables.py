@@ -1,0 +1,147 @@
+"""The docs' tables, rendered from the JSON files the benchmarks and
+evaluations write: no figure is typed into Markdown by hand.
+
+  python -m benchmarks.doc_tables           # rewrites every table
+  python -m benchmarks.doc_tables --check   # exits 1 naming a stale one
+
+A table in a document sits between two markers naming its renderer and
+its JSON file (and, for benchmark rows, which suites):
+
+  <!-- table run docs/bench_tiny.json suites=rollout -->
+  | suite | ... |
+  <!-- /table -->
+
+Each renderer is the ``table`` function of the command that wrote the
+JSON (``benchmarks.run``, ``benchmarks.phases``, ``benchmarks.tpu_memory``,
+``benchmarks.learning_table``, ``benchmarks.zero_shot_table``), so a
+document shows exactly what the command printed. ``tests/test_docs.py``
+fails when a table and its JSON disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCUMENTS = ("README.md", "docs/*.md")
+BLOCK = re.compile(
+  r"(<!-- table (?P<kind>\w+) (?P<file>\S+)(?P<options>(?: \w+=\S+)*) -->\n)"
+  r"(?P<body>.*?)"
+  r"(<!-- /table -->)",
+  re.S,
+)
+
+
+def _run(data: dict[str, Any], suites: str = "") -> str:
+  from benchmarks import run
+
+  wanted = set(suites.split(",")) if suites else None
+  return run.table(
+    [r for r in data["rows"] if wanted is None or r["suite"] in wanted]
+  )
+
+
+def _phases(data: dict[str, Any]) -> str:
+  from benchmarks import phases
+
+  return phases.table(data["masked"], data["compacted"])
+
+
+def _tpu_memory(data: list[dict[str, Any]]) -> str:
+  from benchmarks import tpu_memory
+
+  return tpu_memory.table(data)
+
+
+def _learning(data: dict[str, Any]) -> str:
+  from benchmarks import learning_table
+
+  return learning_table.table(data["runs"])
+
+
+def _zero_shot(data: dict[str, Any]) -> str:
+  from benchmarks import zero_shot_table
+
+  kept = {k: v for k, v in data.items() if isinstance(v, dict) and "envs" in v}
+  return zero_shot_table.table(kept)
+
+
+RENDERERS: dict[str, Callable[..., str]] = {
+  "run": _run,
+  "phases": _phases,
+  "tpu_memory": _tpu_memory,
+  "learning": _learning,
+  "zero_shot": _zero_shot,
+}
+
+
+def render(text: str, where: str = "") -> str:
+  """``text`` with every table block rendered from its JSON.
+
+  Raises:
+    ValueError: an unknown renderer or option, or a JSON file missing,
+      naming the document and the block.
+  """
+
+  def one(m: re.Match) -> str:
+    kind, file = m["kind"], m["file"]
+    if kind not in RENDERERS:
+      raise ValueError(
+        f"{where}: table renderer {kind!r} unknown; known: {sorted(RENDERERS)}"
+      )
+    path = ROOT / file
+    if not path.is_file():
+      raise ValueError(f"{where}: table from {file}, which does not exist")
+    options = dict(o.split("=", 1) for o in m["options"].split())
+    try:
+      table = RENDERERS[kind](json.loads(path.read_text()), **options)
+    except TypeError as e:
+      raise ValueError(f"{where}: table {kind} {file}: {e}") from None
+    return m.group(1) + table.rstrip("\n") + "\n" + m.group(6)
+
+  return BLOCK.sub(one, text)
+
+
+def documents() -> list[pathlib.Path]:
+  return sorted({p for g in DOCUMENTS for p in ROOT.glob(g)})
+
+
+def stale() -> list[str]:
+  """The documents whose tables differ from what their JSON renders."""
+  return [
+    str(p.relative_to(ROOT))
+    for p in documents()
+    if render(p.read_text(), p.name) != p.read_text()
+  ]
+
+
+def main(argv: list[str] | None = None) -> list[str]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument(
+    "--check", action="store_true", help="change nothing; exit 1 if stale"
+  )
+  args = parser.parse_args(argv)
+  out = stale()
+  if args.check:
+    for path in out:
+      print(f"{path}: a table differs from its JSON", file=sys.stderr)
+    if out:
+      sys.exit(1)
+    return out
+  for path in documents():
+    text = path.read_text()
+    new = render(text, path.name)
+    if new != text:
+      path.write_text(new)
+      print(f"rendered {path.relative_to(ROOT)}")
+  return out
+
+
+if __name__ == "__main__":
+  main()
