@@ -100,3 +100,8 @@ def test_every_table_matches_the_json_it_is_rendered_from():
   assert "<!-- table run docs/bench_tiny.json -->" in text
   planted = text.replace("| 395,570 |", "| 395,571 |", 1)
   assert planted != text and doc_tables.render(planted) != planted
+
+
+def test_the_readme_stays_short():
+  lines = (ROOT / "README.md").read_text().count("\n")
+  assert lines <= 250, f"README.md has {lines} lines; the docs hold the rest"
