@@ -352,9 +352,10 @@ def test_init_from_starts_with_another_runs_policy(tmp_path):
     assembly.load_policy(setup, str(tmp_path / "src"), step=4)
 
 
-def test_importing_the_library_keeps_libtpu_quiet_without_tpus():
+def test_the_commands_keep_libtpu_quiet_without_tpus():
   """With libtpu installed (the test requirements) and no TPU chip, JAX's
-  backend start must not print libtpu's errors."""
+  backend start in a command (``cli.app.quiet_libtpu`` first) prints none
+  of libtpu's errors; importing the library alone changes nothing."""
   pytest.importorskip("libtpu")
   env = {
     k: v
@@ -363,8 +364,26 @@ def test_importing_the_library_keeps_libtpu_quiet_without_tpus():
   }
   # libtpu starts in this process even if another holds its lock file.
   env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+  untouched = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      "import os, starpo_jax; print(sorted(k for k in os.environ "
+      "if k.startswith('TPU_')))",
+    ],
+    capture_output=True,
+    text=True,
+    env=env,
+    check=True,
+  )
+  assert untouched.stdout.strip() == "[]", untouched.stdout
   out = subprocess.run(
-    [sys.executable, "-c", "import starpo_jax, jax; print(jax.devices())"],
+    [
+      sys.executable,
+      "-c",
+      "from starpo_jax.cli.app import quiet_libtpu; quiet_libtpu(); "
+      "import jax; print(jax.devices())",
+    ],
     capture_output=True,
     text=True,
     env=env,
