@@ -59,10 +59,12 @@ def _tpu_memory(data: list[dict[str, Any]]) -> str:
   return tpu_memory.table(data)
 
 
-def _learning(data: dict[str, Any]) -> str:
+def _learning(data: dict[str, Any], rows: str = "all") -> str:
   from benchmarks import learning_table
 
-  return learning_table.table(data["runs"])
+  if rows not in ("all", "brief"):
+    raise TypeError(f"rows={rows!r}; expected all or brief")
+  return learning_table.table(data["runs"], brief=rows == "brief")
 
 
 def _zero_shot(data: dict[str, Any]) -> str:

@@ -148,11 +148,25 @@ ROWS = [
 ]
 
 
-def table(runs: list[dict[str, Any]]) -> str:
-  """A markdown table, one column per run."""
+# The rows a summary (the README's) shows.
+BRIEF = (
+  "steps (warm start + RL)",
+  "wall time, compiles and evaluations included",
+  "held-out success, untrained (t=0.5)",
+  "after the warm start (t=0.5)",
+  "final (t=0.5)",
+  "random valid player, same levels",
+)
+
+
+def table(runs: list[dict[str, Any]], brief: bool = False) -> str:
+  """A markdown table, one column per run; ``brief``: the rows of
+  ``BRIEF`` only."""
   names = [os.path.basename(os.path.normpath(s["workdir"])) for s in runs]
   out = ["| | " + " | ".join(names) + " |", "|---" * (len(runs) + 1) + "|"]
   for label, cell in ROWS:
+    if brief and label not in BRIEF:
+      continue
     out.append(f"| {label} | " + " | ".join(cell(s) for s in runs) + " |")
   return "\n".join(out)
 

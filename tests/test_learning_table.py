@@ -169,3 +169,13 @@ def test_zero_shot_table_reads_each_evaluations_summary(tmp_path, capsys):
   assert {"machine", "commit"} <= set(written)
   with pytest.raises(SystemExit, match=r"nowhere/summary\.json is missing"):
     zero_shot_table.main([str(tmp_path / "nowhere")])
+
+
+def test_the_brief_table_keeps_its_rows_only(resumed_run):
+  full = learning_table.table([learning_table.summarize(resumed_run)])
+  brief = learning_table.table(
+    [learning_table.summarize(resumed_run)], brief=True
+  )
+  labels = [line.split(" | ")[0][2:] for line in brief.splitlines()[2:]]
+  assert labels == list(learning_table.BRIEF)
+  assert set(brief.splitlines()) <= set(full.splitlines())
