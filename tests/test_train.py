@@ -391,3 +391,18 @@ def test_the_commands_keep_libtpu_quiet_without_tpus():
   )
   assert "TPU_WORKER_HOSTNAMES" not in out.stderr, out.stderr
   assert "accelerator type" not in out.stderr, out.stderr
+
+
+def test_the_progress_rate_follows_the_recent_steps(monkeypatch, capsys):
+  # Steps 1 to 11 a second apart (the warm start), then 5 s apart (RL):
+  # once ten RL steps are logged the line says 5.0 s/step, where the mean
+  # since the first step would say 3.3.
+  times = [float(t) for t in range(11)] + [10.0 + 5 * k for k in range(1, 15)]
+  clock = iter(times)
+  monkeypatch.setattr(metrics_lib.time, "perf_counter", lambda: next(clock))
+  progress = metrics_lib.Progress(25, window=10)
+  for step in range(1, 26):
+    progress.update(step, {"rollout/return": 0.0})
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert lines[10].endswith(" 1.0 s/step"), lines[10]
+  assert lines[-1].endswith(" 5.0 s/step"), lines[-1]

@@ -3,6 +3,7 @@ the profiler trace of chosen steps."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -75,25 +76,28 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
 
 
 class Progress:
-  """``step 12/300 [####-----] reward 0.31 success 12% 3.1 s/step``."""
+  """``step 12/300 [####-----] reward 0.31 success 12% 3.1 s/step``; the
+  rate is over the last ``window`` logged steps, so it follows a change of
+  phase (the warm start's steps are faster than RL's) within a window."""
 
-  def __init__(self, total: int, enabled: bool = True, width: int = 24):
+  def __init__(
+    self, total: int, enabled: bool = True, width: int = 24, window: int = 10
+  ):
     self.total, self.enabled, self.width = total, enabled, width
     self.tty = sys.stderr.isatty()
-    self.start = time.perf_counter()
-    self.first_step: int | None = None
+    # (step, time) of the last window + 1 updates.
+    self.marks: collections.deque = collections.deque(maxlen=window + 1)
 
   def update(self, step: int, metrics: dict[str, float]) -> None:
     if not self.enabled:
       return
-    if self.first_step is None:
-      self.first_step, self.start = step, time.perf_counter()
+    self.marks.append((step, time.perf_counter()))
     done = int(self.width * step / max(self.total, 1))
     bar = "#" * done + "-" * (self.width - done)
     rate = ""
-    if step > self.first_step:
-      per = (time.perf_counter() - self.start) / (step - self.first_step)
-      rate = f" {per:.1f} s/step"
+    (first, t_first), (last, t_last) = self.marks[0], self.marks[-1]
+    if last > first:
+      rate = f" {(t_last - t_first) / (last - first):.1f} s/step"
     if "sft/next_obs_exact" in metrics:
       what = (
         f"warm start: world-model loss {metrics['sft/loss']:.3f}, next "
