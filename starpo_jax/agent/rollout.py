@@ -78,6 +78,9 @@ class Trajectory:
   turn_tool: jax.Array  # [B, K] bool: the turn called a tool
   env_error: jax.Array  # [B] bool: a Python environment's fault ended it
   obs_truncated: jax.Array  # [B] int32 observations (or results) cut
+  # [B, K] int32 decode iterations of the turn: each took a slot of every
+  # row of the batch (of its part, with ``chunks``), live or not.
+  decode_steps: jax.Array
 
   @property
   def truncated(self) -> jax.Array:
@@ -131,7 +134,8 @@ def _start(
   chunk: int,
 ) -> Carry:
   """The episodes ``states`` with the system prompt prefilled (once, then
-  broadcast: it is the same for every episode)."""
+  broadcast, with ``cfg.share_prefix``: it is the same for every
+  episode)."""
   b, length = cfg.batch, cfg.max_context
   # Buffers and cache get `chunk` slack so a chunk written near the end of
   # the context never clamps onto earlier tokens.
@@ -143,13 +147,18 @@ def _start(
       f"({system.shape[0]} tokens) and one turn (up to {chunk} + 1 tokens) "
       f"need {system.shape[0] + chunk + 1}"
     )
-  _, cache = model.hidden(system[None], model.init_cache(1, width))
+  if cfg.share_prefix:
+    _, cache = model.hidden(system[None], model.init_cache(1, width))
+    cache = cache.broadcast(b)
+  else:
+    rows = jnp.broadcast_to(system, (b, system.shape[0]))
+    _, cache = model.hidden(rows, model.init_cache(b, width))
   zeros = jnp.zeros((b, width), jnp.int32)
   false = jnp.zeros((b,), bool)
   results = codec.tools.budget if codec.tools else 1
   return Carry(
     states=states,
-    cache=cache.broadcast(b),
+    cache=cache,
     tokens=zeros.at[:, : system.shape[0]].set(system),
     loss_mask=zeros.astype(bool),
     turn_ids=zeros - 1,
@@ -195,6 +204,8 @@ def rollout(
   of the whole batch and, with ``cfg.chunks``, of a part.
   """
   env = envs.batched(env)
+  if cfg.layer_buffers:
+    model = model.for_decoding()
   k_reset, k_sample = jax.random.split(key)
   states = reset(env, cfg, k_reset)
   if cfg.chunks == 1:
@@ -262,6 +273,7 @@ def _play(
     turn_penalized=turns.penalized,
     turn_actions=turns.actions,
     turn_tool=turns.tool,
+    decode_steps=turns.decode_steps,
     num_actions=c.used,
     episode_return=jnp.sum(turns.reward, axis=-1),
     success=c.success & c.terminated,

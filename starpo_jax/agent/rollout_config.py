@@ -35,6 +35,21 @@ class RolloutConfig:
   # groups with its own KV cache: 1/chunks of the rollout's memory, the
   # same episodes (jittable environments only).
   chunks: int = 1
+  # Prefill what episodes share once: the system message once for the
+  # batch, and the first turn's prompt once per group (its members play
+  # one level), when all of a group's first prompts are the same tokens.
+  # False prefills every episode's whole prompt (what a plain loop does).
+  share_prefix: bool = True
+  # How many times a turn's decode batch may halve to the rows still live
+  # (``turn.decode``): finished replies and finished episodes stop taking
+  # decode slots. 0 decodes the whole batch in lockstep until its longest
+  # reply ends.
+  decode_shrinks: int = 0
+  # Each layer's weights in a buffer of its own while the rollout runs
+  # (``model.for_decoding()``): one copy of the weights, against a copy of
+  # every layer at every decode step on XLA:CPU. False slices each layer
+  # out of the stacked weights at every call.
+  layer_buffers: bool = True
 
   def __post_init__(self) -> None:
     settings.check(self, "rollout")
@@ -57,6 +72,11 @@ class RolloutConfig:
       raise ValueError(
         f"rollout: chunks={self.chunks} must divide the {self.env_groups} "
         "groups played at once (env_groups)"
+      )
+    if not isinstance(self.decode_shrinks, int) or self.decode_shrinks < 0:
+      raise ValueError(
+        "rollout: decode_shrinks must be an integer >= 0, got "
+        f"{self.decode_shrinks!r}"
       )
     self.sampling  # noqa: B018 (validates temperature, top_k, top_p)
     self.prompt_settings()  # validates the prompt style

@@ -61,6 +61,7 @@ class Decode:
   logprobs: jax.Array  # [B, W]
   entropy: jax.Array  # [B, W]
   turn_ids: jax.Array  # [B, W]
+  rows: jax.Array  # [B] each row's place in the batch (its sampling key)
   key: jax.Array
 
 
@@ -104,6 +105,7 @@ class TurnRecord:
   penalized: jax.Array
   actions: jax.Array
   tool: jax.Array
+  decode_steps: jax.Array  # the turn's decode iterations (the batch's)
 
 
 def write(buffer: jax.Array, start: jax.Array, block: jax.Array, keep):
@@ -124,7 +126,16 @@ def set_at(buffer: jax.Array, pos: jax.Array, value: jax.Array, keep):
 
 
 class Policy(Protocol):
-  """What the rollout needs of a model (``Transformer`` is one)."""
+  """What the rollout needs of a model (``Transformer`` is one).
+
+  ``depends_on_row``: whether a row's output depends on its row and not
+  only on its tokens and cache (a scripted policy's does); the rollout
+  then prefills every row itself. ``for_decoding()``: the policy as the
+  rollout's loops should hold it (``RolloutConfig.layer_buffers``)."""
+
+  depends_on_row: bool
+
+  def for_decoding(self) -> Policy: ...
 
   def init_cache(self, batch: int, size: int) -> Any: ...
 
@@ -169,7 +180,11 @@ def prompt(
   fits = start + count + 1 <= length
   active = ~c.done & fits
   ids = jnp.where(jnp.arange(chunk) < count[:, None], turn, -1)
-  h, cache = model.hidden(prompt, c.cache, jnp.where(active, count, 0))
+  num = jnp.where(active, count, 0)
+  if cfg.share_prefix:
+    h, cache = prefill_shared(model, cfg.group_size, prompt, c.cache, num, turn)
+  else:
+    h, cache = model.hidden(prompt, c.cache, num)
   last_h = jnp.take_along_axis(h, jnp.maximum(count - 1, 0)[:, None, None], 1)
   zero = jnp.zeros((b,), jnp.int32)
   return Prompted(
@@ -191,8 +206,46 @@ def prompt(
       logprobs=c.logprobs,
       entropy=c.entropy,
       turn_ids=write(c.turn_ids, start, ids, active[:, None]),
+      rows=jnp.arange(b, dtype=jnp.int32),
       key=c.key,
     ),
+  )
+
+
+def prefill_shared(
+  model: Policy,
+  group_size: int,
+  prompt: jax.Array,
+  cache: Any,
+  num: jax.Array,
+  turn: jax.Array,
+) -> tuple[jax.Array, Any]:
+  """``model.hidden(prompt, cache, num)``, computed once per group where
+  that is exact: on the first turn (every cache then holds the same
+  system prompt) when each group's members have the same prompt tokens
+  and counts (they play one level). The group's first member is
+  prefilled; its hidden states and cache are copied to the others. Any
+  other turn or batch prefills every row. Both paths are compiled; the
+  one taken is chosen on device."""
+  if model.depends_on_row:
+    return model.hidden(prompt, cache, num)
+  g = group_size
+  tokens = prompt.reshape(-1, g, prompt.shape[1])
+  counts = num.reshape(-1, g)
+  same = (
+    (turn == 0)
+    & jnp.all(tokens == tokens[:, :1])
+    & jnp.all(counts == counts[:, :1])
+  )
+  first = lambda x: x[::g]
+  grow = lambda x: jnp.repeat(x, g, axis=0)
+
+  def once(_):
+    h, c = model.hidden(first(prompt), jax.tree.map(first, cache), first(num))
+    return grow(h), jax.tree.map(grow, c)
+
+  return jax.lax.cond(
+    same, once, lambda _: model.hidden(prompt, cache, num), None
   )
 
 
@@ -203,7 +256,10 @@ def decode_token(
   back; a sequence stops at ``</answer>``, a chat stop token or the
   context's end."""
   key, sub = jax.random.split(d.key)
-  tok, logp = sampling.sample(sub, d.logits, cfg.sampling, codec.allowed)
+  # A key per row, so a row samples the same tokens wherever ``decode``
+  # has gathered it.
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(sub, d.rows)
+  tok, logp = sampling.sample(keys, d.logits, cfg.sampling, codec.allowed)
   dist = sampling.policy_logprobs(d.logits, cfg.temperature, codec.allowed)
   ent = -jnp.sum(jnp.exp(dist) * dist, axis=-1)
   pos, live = d.cache.length, d.live
@@ -230,6 +286,7 @@ def decode_token(
     logprobs=set_at(d.logprobs, pos, logp, live),
     entropy=set_at(d.entropy, pos, ent, live),
     turn_ids=set_at(d.turn_ids, pos, jnp.full_like(tok, turn), live),
+    rows=d.rows,
     key=key,
   )
 
@@ -238,13 +295,48 @@ def decode(
   model: Policy, codec: Codec, cfg: RolloutConfig, turn: jax.Array, d: Decode
 ) -> Decode:
   """Decodes until every sequence stopped or ``max_new_tokens`` (the
-  loop's bound, named for ``hlo_cost``)."""
+  loops' bound, named for ``hlo_cost``).
+
+  With ``cfg.decode_shrinks`` the batch halves up to that many times:
+  once at most half its rows are live (replies still open, of episodes
+  still playing), they are gathered into a batch of half the size that
+  decodes on, and scattered back when it is done. Each row samples from
+  its own key, so the tokens are those of the whole batch decoding in
+  lockstep; the shapes are static, so the rollout compiles once."""
+  # A policy whose rows are told apart by their place cannot move rows.
+  shrinks = 0 if model.depends_on_row else cfg.decode_shrinks
   with jax.named_scope("decode"):
-    return jax.lax.while_loop(
-      lambda d: (d.step < cfg.max_new_tokens) & jnp.any(d.live),
-      lambda d: decode_token(model, codec, cfg, turn, d),
-      d,
-    )
+    return _decode(model, codec, cfg, turn, d, shrinks)
+
+
+def _decode(model, codec, cfg, turn, d: Decode, shrinks: int) -> Decode:
+  """``decode`` on ``d``'s rows, which may halve ``shrinks`` more times."""
+  size = d.live.shape[0]
+  half = size // 2
+  step = lambda d: decode_token(model, codec, cfg, turn, d)
+  going = lambda d: (d.step < cfg.max_new_tokens) & jnp.any(d.live)
+  if shrinks == 0 or half == 0:
+    return jax.lax.while_loop(going, step, d)
+  d = jax.lax.while_loop(
+    lambda d: going(d) & (jnp.sum(d.live) > half), step, d
+  )
+
+  def shrunk(d: Decode) -> Decode:
+    # The live rows, then rows past the end (never written back).
+    (at,) = jnp.nonzero(d.live, size=half, fill_value=size)
+    take = lambda x: x[at] if x.ndim else x
+    part = jax.tree.map(take, d).replace(live=d.live[at] & (at < size))
+    part = _decode(model, codec, cfg, turn, part, shrinks - 1)
+    put = lambda x, y: x.at[at].set(y, mode="drop") if x.ndim else y
+    return jax.tree.map(put, d, part)
+
+  import os
+  mode = os.environ.get("SHRINK_MODE", "")
+  if mode == "noop":
+    return jax.lax.while_loop(going, step, d)
+  if mode == "nocond":
+    return shrunk(d)
+  return jax.lax.cond(going(d), shrunk, lambda d: d, d)
 
 
 def act(
@@ -405,4 +497,5 @@ def record(
     penalized=s.penalized,
     actions=executed.T,
     tool=s.called,
+    decode_steps=jnp.full_like(d.count, d.step),
   )

@@ -76,6 +76,23 @@ def summary(traj: Trajectory, group_size: int) -> dict[str, jax.Array]:
     "obs_truncated": jnp.mean(traj.obs_truncated),
     # Tool calls (envs.tools) per episode.
     "tool_calls": jnp.mean(jnp.sum(traj.turn_tool, axis=1)),
+    **decode_waste(traj),
+  }
+
+
+def decode_waste(traj: Trajectory) -> dict[str, jax.Array]:
+  """Shares of the rollout's decode slots (a row in a decode iteration)
+  that produced no token: ``decode_finished_reply``, of an episode playing
+  the turn whose reply had closed (the turn decodes until its longest
+  reply ends); ``decode_finished_episode``, of an episode that had ended
+  or did not play the turn."""
+  steps = traj.decode_steps.astype(jnp.float32)
+  slots = jnp.maximum(jnp.sum(steps), 1.0)
+  played = traj.turn_played
+  reply = jnp.sum(jnp.where(played, steps - traj.response_lengths, 0.0))
+  return {
+    "decode_finished_reply": reply / slots,
+    "decode_finished_episode": jnp.sum(jnp.where(played, 0.0, steps)) / slots,
   }
 
 

@@ -58,6 +58,12 @@ class ScriptedPolicy:
 
   script: jax.Array  # [B, S] int32
   vocab: int = struct.field(pytree_node=False)
+  # What it emits depends on its row, not only on what it is shown: the
+  # rollout must not prefill one row for another.
+  depends_on_row = True
+
+  def for_decoding(self) -> ScriptedPolicy:
+    return self
 
   def init_cache(self, batch: int, size: int) -> ScriptCache:
     del size

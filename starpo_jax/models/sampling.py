@@ -62,7 +62,8 @@ def sample(
   """Picks one token per row.
 
   Args:
-    key: PRNG key.
+    key: PRNG key, or one per row ``[B]`` (a row's token then depends on
+      its own key alone, wherever the row sits in the batch).
     logits: float ``[B, V]``.
     sampling: the rule.
     allowed: optional ``[V]`` bool, the tokens the policy may emit.
@@ -92,7 +93,10 @@ def sample(
         .set(drop_sorted)
       )
       masked = jnp.where(drop, -jnp.inf, masked)
-    tokens = jax.random.categorical(key, masked, axis=-1)
+    if key.ndim:
+      tokens = jax.vmap(jax.random.categorical)(key, masked)
+    else:
+      tokens = jax.random.categorical(key, masked, axis=-1)
   tokens = tokens.astype(jnp.int32)
   return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
 

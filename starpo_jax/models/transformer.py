@@ -285,6 +285,10 @@ class Transformer(nnx.Module):
       self.value_w = _param(rngs, _zeros, (cfg.hidden_size,), (ax.EMBED,), p)
       self.value_b = _param(rngs, _zeros, (), (), p)
 
+  # Its output is a function of the tokens and the cache alone, so the
+  # rollout may prefill a prompt episodes share once (``rollout.Policy``).
+  depends_on_row = False
+
   def init_cache(self, batch: int, size: int) -> KVCache:
     return KVCache.init(self.cfg, batch, size)
 
@@ -327,19 +331,13 @@ class Transformer(nnx.Module):
       x, _ = jax.lax.scan(run, x, stacked)
       new_cache = None
     else:
-      # Cached calls (prefill, decode) unroll the layers, so that each
-      # layer's cache is its own buffer, updated in place.
-      k, v = [], []
-      for i in range(cfg.num_layers):
-        layer = jax.tree.map(lambda a, i=i: a[i], stacked)
-        block = nnx.merge(block_def, layer)
-        x, (k_i, v_i) = block(x, positions, inv_freq, (cache.k[i], cache.v[i]))
-        k.append(k_i)
-        v.append(v_i)
-      k, v = tuple(k), tuple(v)
-      if num_new is None:
-        num_new = jnp.full((batch,), t, jnp.int32)
-      new_cache = KVCache(k=k, v=v, length=cache.length + num_new)
+      layers = [
+        jax.tree.map(lambda a, i=i: a[i], stacked)
+        for i in range(cfg.num_layers)
+      ]
+      x, new_cache = cached_layers(
+        block_def, layers, x, positions, inv_freq, cache, num_new
+      )
     return self.final_norm(x), new_cache
 
   def logits(self, h: jax.Array) -> jax.Array:
@@ -362,6 +360,76 @@ class Transformer(nnx.Module):
     cache: KVCache | None = None,
     num_new: jax.Array | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
+    h, cache = self.hidden(tokens, cache, num_new)
+    return self.logits(h), cache
+
+  def for_decoding(self) -> Decoding:
+    """The model as a decode loop should hold it (``Decoding``)."""
+    return Decoding(self)
+
+
+def cached_layers(block_def, layers, x, positions, inv_freq, cache, num_new):
+  """The layers ``layers`` (one state each) over ``x`` against ``cache``.
+
+  Cached calls (prefill, decode) unroll the layers, so that each layer's
+  cache is its own buffer, updated in place."""
+  k, v = [], []
+  for i, layer in enumerate(layers):
+    block = nnx.merge(block_def, layer)
+    x, (k_i, v_i) = block(x, positions, inv_freq, (cache.k[i], cache.v[i]))
+    k.append(k_i)
+    v.append(v_i)
+  if num_new is None:
+    num_new = jnp.full(x.shape[:1], x.shape[1], jnp.int32)
+  return x, KVCache(k=tuple(k), v=tuple(v), length=cache.length + num_new)
+
+
+class Decoding:
+  """A model's cached calls with each layer's weights sliced out of the
+  stack once, into buffers of their own, before the decode loops.
+
+  Slicing a layer out of the ``[layers, ...]`` stack inside a loop copies
+  it on every iteration on XLA:CPU: a 135M model's single-token step spent
+  most of its time copying weights (``docs/benchmarks.md``). The slices
+  cost one copy of the layers' weights while the rollout runs.
+  """
+
+  depends_on_row = False
+
+  def __init__(self, model: Transformer):
+    self.model = model
+    self.block_def, stacked = nnx.split(model.layers)
+    layers = [
+      jax.tree.map(lambda a, i=i: a[i], stacked)
+      for i in range(model.cfg.num_layers)
+    ]
+    # Materialised here, not re-sliced where the loops use them.
+    self.layers = jax.lax.optimization_barrier(layers)
+
+  def init_cache(self, batch: int, size: int) -> KVCache:
+    return self.model.init_cache(batch, size)
+
+  def hidden(self, tokens, cache, num_new=None):
+    m = self.model
+    positions = cache.length[:, None] + jnp.arange(
+      tokens.shape[1], dtype=jnp.int32
+    )
+    x = m.embed[...].astype(m.cfg.dtype)[tokens]
+    x, cache = cached_layers(
+      self.block_def,
+      self.layers,
+      x,
+      positions,
+      inverse_frequencies(m.cfg),
+      cache,
+      num_new,
+    )
+    return m.final_norm(x), cache
+
+  def logits(self, h: jax.Array) -> jax.Array:
+    return self.model.logits(h)
+
+  def __call__(self, tokens, cache, num_new=None):
     h, cache = self.hidden(tokens, cache, num_new)
     return self.logits(h), cache
 
