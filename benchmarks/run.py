@@ -5,6 +5,8 @@
   python -m benchmarks.run --suite rollout,update,iteration \
     --model smollm2-135m                       # real weights, think mode
   python -m benchmarks.run --suite all --smoke --json out.json   # CI smoke
+  python -m benchmarks.run --suite rollout,iteration \
+    --model smollm2-135m --savings on,off,shrink   # the rollout's savings
   python -m benchmarks.run --suite rollout,update,iteration \
     --model qwen2.5-0.5b --size ragen          # a GPU, bfloat16 on both sides
 
@@ -60,6 +62,19 @@ from benchmarks.suites import SIDES, env_suite, row, update_workload
 from benchmarks.workload import SIZES, Pair, roofline
 
 SUITES = ("env", "rollout", "update", "iteration")
+# The rollout's savings (``RolloutConfig``), measured against each other in
+# one run with ``--savings``: the defaults; each saving off; the defaults
+# with the decode batch halving once to its live rows.
+SAVINGS = {
+  "on": {},
+  "off": {
+    "rollout.share_prefix": False,
+    "rollout.decode_shrinks": 0,
+    "rollout.layer_buffers": False,
+  },
+  "shrink": {"rollout.decode_shrinks": 1},
+}
+SAVED_SUITES = ("rollout", "iteration")
 # Asked for by name only (not in "all"): it needs Tunix's environment.
 PEER_SUITES = ("peers",)
 MODELS = ("tiny", "qwen2.5-0.5b", "smollm2-135m")
@@ -73,27 +88,41 @@ def merge(
   jax_rows: list[dict[str, Any]], torch_rows: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
   """Rows of both sides: each JAX measurement beside each of its
-  baselines (the env suite's rows are whole already)."""
+  workload's baselines (the env suite's rows are whole already); a
+  measurement with other savings than the defaults also beside the
+  defaults' (``SAVINGS``), its workload named with them."""
   rows = [r for r in jax_rows if r["suite"] == "env"]
+  baselines = {(b["suite"], b["workload"]): b["rates"] for b in torch_rows}
   halves = [r for r in jax_rows if r["suite"] != "env"]
-  if len(halves) != len(torch_rows):
+  if {(h["suite"], h["workload"]) for h in halves} != set(baselines):
     raise RuntimeError(
-      f"{len(halves)} JAX measurements but {len(torch_rows)} PyTorch ones"
+      f"the sides measured different workloads: {sorted(baselines)} and "
+      f"{sorted({(h['suite'], h['workload']) for h in halves})}"
     )
-  for half, baselines in zip(halves, torch_rows, strict=True):
-    if (half["suite"], half["workload"]) != (
-      baselines["suite"],
-      baselines["workload"],
-    ):
-      raise RuntimeError(f"the sides measured different workloads: {half}")
-    for label, value in baselines["rates"]:
-      extra = {k: v for k, v in half.items() if k not in ("suite", "workload")}
-      extra.pop("metric")
-      extra.pop("jax")
+  defaults = {
+    (h["suite"], h["workload"]): h["jax"]
+    for h in halves
+    if h.get("savings", "on") == "on"
+  }
+  for half in halves:
+    key = (half["suite"], half["workload"])
+    savings = half.get("savings", "on")
+    rates = list(baselines[key])
+    if savings != "on" and key in defaults:
+      rates.append(("starpo-jax, savings on", defaults[key]))
+    extra = {
+      k: v
+      for k, v in half.items()
+      if k not in ("suite", "workload", "metric", "jax", "savings")
+    }
+    workload = half["workload"]
+    if savings != "on":
+      workload += f", savings {savings}"
+    for label, value in rates:
       rows.append(
         row(
           half["suite"],
-          half["workload"],
+          workload,
           half["metric"],
           half["jax"],
           label,
@@ -125,12 +154,24 @@ def run_side(args, side: str, workdir: str, peak) -> list[dict[str, Any]]:
       # compacted step is the one the grpo rows do not reach.
       smoke = args.size == "smoke"
       variants = ([] if smoke else variants) + [("short", "starpo_s")]
-    for replies, algo in variants:
-      pair = Pair(args.model, args.size, workdir, replies, args.dtype, algo)
+    savings = args.savings if suite in SAVED_SUITES else ("on",)
+    if side == "torch":
+      savings = ("on",)  # PyTorch's loops have none of them
+    runs = [(r, a, s) for r, a in variants for s in savings]
+    for replies, algo, saved in runs:
+      pair = Pair(
+        args.model,
+        args.size,
+        workdir,
+        replies,
+        args.dtype,
+        algo,
+        overrides=SAVINGS[saved],
+      )
       jax_fn, torch_fn = SIDES[suite]
       if side == "jax":
         pair.init_jax()
-        rows.append(jax_fn(pair, peak, args.repeats))
+        rows.append(dict(jax_fn(pair, peak, args.repeats), savings=saved))
       else:
         pair.init_torch(args.torch_device)
         workload = (
@@ -210,6 +251,7 @@ def _child(args, side: str, workdir: str) -> dict[str, Any]:
     f"--size={args.size}",
     f"--dtype={args.dtype}",
     f"--repeats={args.repeats}",
+    f"--savings={','.join(args.savings)}",
   ]
   if args.torch_device:
     cmd.append(f"--torch-device={args.torch_device}")
@@ -245,6 +287,13 @@ def _parser() -> argparse.ArgumentParser:
   )
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument(
+    "--savings",
+    default="on",
+    help="the rollout and iteration suites' JAX side with these rollout "
+    f"savings, comma-separated, each a row: {', '.join(SAVINGS)} (on: the "
+    "config's defaults)",
+  )
+  parser.add_argument(
     "--smoke", action="store_true", help="--size smoke, one repeat (for CI)"
   )
   parser.add_argument("--json", default=None, help="write the results here")
@@ -269,6 +318,12 @@ def _arguments(argv: list[str] | None):
     args.size, args.repeats = "smoke", 1
   if args.dtype is None:
     args.dtype = "bfloat16" if args.size == "ragen" else "float32"
+  args.savings = tuple(args.savings.split(","))
+  if set(args.savings) - set(SAVINGS):
+    parser.error(
+      f"unknown savings {sorted(set(args.savings) - set(SAVINGS))}; "
+      f"expected some of {tuple(SAVINGS)}"
+    )
   suites = SUITES if args.suite == "all" else tuple(args.suite.split(","))
   unknown = sorted(set(suites) - set(SUITES) - set(PEER_SUITES))
   if unknown:

@@ -83,6 +83,24 @@ def test_merge_pairs_each_measurement_with_its_own_workloads_baselines():
     run.merge(jax_rows, [dict(suite="update", workload="0.5b", rates=[])])
 
 
+def test_savings_are_measured_beside_the_baselines_and_the_defaults():
+  half = dict(suite="rollout", workload="135m", metric="tok/s")
+  jax_rows = [
+    dict(half, jax=20.0, compile_s=1.0, peak_gib=0.5, savings="on"),
+    dict(half, jax=10.0, compile_s=1.0, peak_gib=0.5, savings="off"),
+  ]
+  torch_rows = [dict(suite="rollout", workload="135m", rates=[("a", 5.0)])]
+  rows = run.merge(jax_rows, torch_rows)
+  got = [(r["workload"], r["baseline"], r["ratio"]) for r in rows]
+  assert got == [
+    ("135m", "a", 4.0),
+    ("135m, savings off", "a", 2.0),
+    ("135m, savings off", "starpo-jax, savings on", 0.5),
+  ]
+  with pytest.raises(SystemExit):
+    run.main(["--savings", "on,of"])
+
+
 def test_timed_flags_a_recompilation_after_the_warm_up():
   add = jax.jit(lambda x: x + 1)
   _, _, recompiled = workload.timed(lambda: add(jnp.ones(3)), repeats=2)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import jax
 import numpy as np
@@ -66,9 +65,7 @@ def played(tok_name: str, env_name: str, think: bool, share: bool):
   codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
   model = transformer.create(presets.preset("tiny", vocab_size=tok.vocab_size))
   seen = []
-  play = jax.jit(
-    lambda m, c, k: rollout.rollout(Spy(m, seen), c, env, cfg, k)
-  )
+  play = jax.jit(lambda m, c, k: rollout.rollout(Spy(m, seen), c, env, cfg, k))
   traj = to_numpy(play(model, codec, jax.random.key(5)))
   return traj, seen, tok, codec
 
@@ -81,13 +78,17 @@ def first_prompts(traj, tok) -> list[str]:
 
 @pytest.mark.parametrize(
   ("tok_name", "env_name", "think"),
-  [("smollm2", "sokoban", True), ("bpe", "frozen_lake", False)]
-  + [("compact", "sokoban", False), ("compact", "bandit", True)],
+  [
+    ("smollm2", "sokoban", True),
+    ("bpe", "frozen_lake", False),
+    ("compact", "sokoban", False),
+    ("compact", "bandit", True),
+  ],
 )
 def test_a_shared_prefix_prefilled_once_equals_every_episode_prefilling_it(
   tok_name, env_name, think
 ):
-  shared, seen, tok, codec = played(tok_name, env_name, think, True)
+  shared, seen, tok, _ = played(tok_name, env_name, think, True)
   alone, seen_alone, _, _ = played(tok_name, env_name, think, False)
   b, groups = CFG.batch, CFG.env_groups
   # What was prefilled: the system message once, then each group's first
@@ -119,7 +120,9 @@ def test_groups_whose_shared_text_ends_inside_a_merged_token_still_share():
   first = (shared.turn_ids == 0) & ~shared.loss_mask
   inside = []
   for i, j in ((0, 2), (2, 0), (0, 4), (4, 0), (2, 4), (4, 2)):
-    common = os.path.commonprefix([texts[i], texts[j]])
+    pairs = zip(texts[i], texts[j], strict=False)
+    n = next((k for k, (x, y) in enumerate(pairs) if x != y), 0)
+    common = texts[i][:n]
     prefix = tok.encode(common)
     tokens = list(shared.tokens[i][first[i]])
     inside.append(tokens[: len(prefix)] != prefix)
@@ -134,9 +137,10 @@ def test_a_group_prefills_once_only_when_that_is_exact(differ, turn, rows):
   # Members of a group prefill once only on the first turn (their caches
   # then hold the same system prompt) and only when their prompts are the
   # same tokens; otherwise every row prefills its own.
-  from starpo_jax.agent.turn import prefill_shared
+  from starpo_jax.agent.turn import prefill
 
   model = transformer.create(presets.preset("tiny", vocab_size=64))
+  cfg = rollout.RolloutConfig(env_groups=2, group_size=3)
   rng = np.random.default_rng(0)
   prompt = np.repeat(rng.integers(1, 64, (2, 7)), 3, axis=0)
   num = np.full((6,), 7)
@@ -147,7 +151,7 @@ def test_a_group_prefills_once_only_when_that_is_exact(differ, turn, rows):
   cache = cache.broadcast(6)
   seen = []
   h, got = jax.jit(
-    lambda m, p, c, n, t: prefill_shared(Spy(m, seen), 3, p, c, n, t)
+    lambda m, p, c, n, t: prefill(Spy(m, seen), cfg, p, c, n, t)
   )(model, prompt, cache, num, turn)
   want_h, want = model.hidden(prompt, cache, num)
   assert seen == [rows]
@@ -184,9 +188,9 @@ def shrink_runner(shrinks: int):
 def test_decoding_the_live_rows_gathered_equals_the_lockstep_batch():
   # Replies of random lengths (a random model restricted to the answer's
   # tokens closes its answer early or late) and episodes that end at
-  # different turns (in holes, at the goal, out of actions): the batch halves twice as rows
-  # finish, yet every token, log-probability and reward is the lockstep
-  # batch's.
+  # different turns (in holes, at the goal): the batch halves twice as
+  # rows finish, yet every token, log-probability and reward is the
+  # lockstep batch's.
   tok = TOKENIZERS["compact"]()
   codec = codec_lib.Codec.build(
     tok, envs.make("frozen_lake").spec, SHRINK.prompt_settings()

@@ -158,18 +158,7 @@ def prompt(
   """Renders each live episode's turn prompt, writes it after the context
   and prefills it; the next token's logits start the decode."""
   b, length = cfg.batch, cfg.max_context
-  obs = codec.render_batch(*env.render(c.states))
-  if codec.tools is not None:
-    # The last turn's tool result, then the (unchanged) observation.
-    obs = jax.vmap(
-      lambda r, rn, o, on: pack(
-        [
-          (r, jnp.arange(r.shape[0]) < rn),
-          (o, jnp.arange(o.shape[0]) < on),
-        ],
-        codec.obs_width,
-      )
-    )(c.result, c.result_length, *obs)
+  obs = observations(codec, env, c)
   left = cfg.max_actions_per_traj - c.used
   prompt, count = jax.vmap(
     lambda o, r, w, a, e: codec.turn_chunk(
@@ -180,11 +169,9 @@ def prompt(
   fits = start + count + 1 <= length
   active = ~c.done & fits
   ids = jnp.where(jnp.arange(chunk) < count[:, None], turn, -1)
-  num = jnp.where(active, count, 0)
-  if cfg.share_prefix:
-    h, cache = prefill_shared(model, cfg.group_size, prompt, c.cache, num, turn)
-  else:
-    h, cache = model.hidden(prompt, c.cache, num)
+  h, cache = prefill(
+    model, cfg, prompt, c.cache, jnp.where(active, count, 0), turn
+  )
   last_h = jnp.take_along_axis(h, jnp.maximum(count - 1, 0)[:, None, None], 1)
   zero = jnp.zeros((b,), jnp.int32)
   return Prompted(
@@ -212,24 +199,43 @@ def prompt(
   )
 
 
-def prefill_shared(
+def observations(
+  codec: Codec, env: BatchEnv, c: Carry
+) -> tuple[jax.Array, jax.Array]:
+  """What each episode is shown this turn, as tokens and their count:
+  its observation, after the last turn's tool result where it has one."""
+  obs = codec.render_batch(*env.render(c.states))
+  if codec.tools is None:
+    return obs
+  return jax.vmap(
+    lambda r, rn, o, on: pack(
+      [
+        (r, jnp.arange(r.shape[0]) < rn),
+        (o, jnp.arange(o.shape[0]) < on),
+      ],
+      codec.obs_width,
+    )
+  )(c.result, c.result_length, *obs)
+
+
+def prefill(
   model: Policy,
-  group_size: int,
+  cfg: RolloutConfig,
   prompt: jax.Array,
   cache: Any,
   num: jax.Array,
   turn: jax.Array,
 ) -> tuple[jax.Array, Any]:
-  """``model.hidden(prompt, cache, num)``, computed once per group where
-  that is exact: on the first turn (every cache then holds the same
-  system prompt) when each group's members have the same prompt tokens
-  and counts (they play one level). The group's first member is
-  prefilled; its hidden states and cache are copied to the others. Any
-  other turn or batch prefills every row. Both paths are compiled; the
-  one taken is chosen on device."""
-  if model.depends_on_row:
+  """``model.hidden(prompt, cache, num)``; with ``cfg.share_prefix``
+  computed once per group where that is exact: on the first turn (every
+  cache then holds the same system prompt) when each group's members have
+  the same prompt tokens and counts (they play one level). The group's
+  first member is prefilled; its hidden states and cache are copied to
+  the others. Any other turn or batch prefills every row. Both paths are
+  compiled; the one taken is chosen on device."""
+  if not cfg.share_prefix or model.depends_on_row:
     return model.hidden(prompt, cache, num)
-  g = group_size
+  g = cfg.group_size
   tokens = prompt.reshape(-1, g, prompt.shape[1])
   counts = num.reshape(-1, g)
   same = (
@@ -317,9 +323,7 @@ def _decode(model, codec, cfg, turn, d: Decode, shrinks: int) -> Decode:
   going = lambda d: (d.step < cfg.max_new_tokens) & jnp.any(d.live)
   if shrinks == 0 or half == 0:
     return jax.lax.while_loop(going, step, d)
-  d = jax.lax.while_loop(
-    lambda d: going(d) & (jnp.sum(d.live) > half), step, d
-  )
+  d = jax.lax.while_loop(lambda d: going(d) & (jnp.sum(d.live) > half), step, d)
 
   def shrunk(d: Decode) -> Decode:
     # The live rows, then rows past the end (never written back).
@@ -331,6 +335,7 @@ def _decode(model, codec, cfg, turn, d: Decode, shrinks: int) -> Decode:
     return jax.tree.map(put, d, part)
 
   import os
+
   mode = os.environ.get("SHRINK_MODE", "")
   if mode == "noop":
     return jax.lax.while_loop(going, step, d)
