@@ -207,6 +207,15 @@ def test_decoding_the_live_rows_gathered_equals_the_lockstep_batch():
       )
     np.testing.assert_allclose(gathered.logprobs, lock.logprobs, atol=1e-5)
     np.testing.assert_array_equal(gathered.decode_steps, lock.decode_steps)
+    # Fewer slots decoded, so fewer of them idle.
+    waste = lambda t: {
+      k: float(v) for k, v in diagnostics.decode_waste(t).items()
+    }
+    w_lock, w_gathered = waste(lock), waste(gathered)
+    assert w_lock["decode_idle"] == pytest.approx(
+      w_lock["decode_finished_reply"] + w_lock["decode_finished_episode"]
+    )
+    assert w_gathered["decode_idle"] < w_lock["decode_idle"] - 0.05
     # Rows finish at different steps.
     lengths = lock.response_lengths[lock.turn_played]
     assert lengths.min() < SHRINK.max_new_tokens // 2 < lengths.max()

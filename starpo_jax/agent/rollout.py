@@ -81,6 +81,9 @@ class Trajectory:
   # [B, K] int32 decode iterations of the turn: each took a slot of every
   # row of the batch (of its part, with ``chunks``), live or not.
   decode_steps: jax.Array
+  # [B, K] float32 the rows the turn's decode iterations ran (fewer with
+  # ``decode_shrinks``), shared equally among the batch's rows.
+  decode_slots: jax.Array
 
   @property
   def truncated(self) -> jax.Array:
@@ -274,6 +277,7 @@ def _play(
     turn_actions=turns.actions,
     turn_tool=turns.tool,
     decode_steps=turns.decode_steps,
+    decode_slots=turns.decode_slots,
     num_actions=c.used,
     episode_return=jnp.sum(turns.reward, axis=-1),
     success=c.success & c.terminated,

@@ -48,6 +48,7 @@ class Carry:
 @struct.dataclass
 class Decode:
   step: jax.Array  # []
+  slots: jax.Array  # [] rows decoded so far, summed over steps
   logits: jax.Array  # [B, V] for the next token
   live: jax.Array  # [B]
   stop_state: jax.Array  # [B] "</answer>" automaton
@@ -106,6 +107,7 @@ class TurnRecord:
   actions: jax.Array
   tool: jax.Array
   decode_steps: jax.Array  # the turn's decode iterations (the batch's)
+  decode_slots: jax.Array  # the rows they decoded, an equal share each
 
 
 def write(buffer: jax.Array, start: jax.Array, block: jax.Array, keep):
@@ -180,6 +182,7 @@ def prompt(
     context_truncated=c.context_truncated | (~c.done & ~fits),
     decode=Decode(
       step=jnp.zeros((), jnp.int32),
+      slots=jnp.zeros((), jnp.int32),
       logits=model.logits(last_h)[:, 0],
       live=active,
       stop_state=zero,
@@ -279,6 +282,7 @@ def decode_token(
   stop = hit | jnp.isin(tok, stop_ids) | (cache.length >= cfg.max_context)
   return Decode(
     step=d.step + 1,
+    slots=d.slots + live.shape[0],
     logits=logits[:, 0],
     live=live & ~stop,
     stop_state=jnp.where(live, stop_state, d.stop_state),
@@ -503,4 +507,5 @@ def record(
     actions=executed.T,
     tool=s.called,
     decode_steps=jnp.full_like(d.count, d.step),
+    decode_slots=jnp.full(d.count.shape, d.slots / d.count.shape[0]),
   )

@@ -82,10 +82,12 @@ def summary(traj: Trajectory, group_size: int) -> dict[str, jax.Array]:
 
 def decode_waste(traj: Trajectory) -> dict[str, jax.Array]:
   """Shares of the rollout's decode slots (a row in a decode iteration)
-  that produced no token: ``decode_finished_reply``, of an episode playing
-  the turn whose reply had closed (the turn decodes until its longest
-  reply ends); ``decode_finished_episode``, of an episode that had ended
-  or did not play the turn."""
+  that produced no token, had the batch decoded in lockstep:
+  ``decode_finished_reply``, of an episode playing the turn whose reply
+  had closed (the turn decodes until its longest reply ends);
+  ``decode_finished_episode``, of an episode that had ended or did not
+  play the turn. ``decode_idle``: the share of the slots actually decoded
+  (fewer with ``rollout.decode_shrinks``) that produced no token."""
   steps = traj.decode_steps.astype(jnp.float32)
   slots = jnp.maximum(jnp.sum(steps), 1.0)
   played = traj.turn_played
@@ -93,6 +95,9 @@ def decode_waste(traj: Trajectory) -> dict[str, jax.Array]:
   return {
     "decode_finished_reply": reply / slots,
     "decode_finished_episode": jnp.sum(jnp.where(played, 0.0, steps)) / slots,
+    "decode_idle": 1.0
+    - jnp.sum(traj.response_lengths)
+    / jnp.maximum(jnp.sum(traj.decode_slots), 1),
   }
 
 
