@@ -6,7 +6,7 @@
     --model smollm2-135m                       # real weights, think mode
   python -m benchmarks.run --suite all --smoke --json out.json   # CI smoke
   python -m benchmarks.run --suite rollout,iteration \
-    --model smollm2-135m --savings on,off,shrink   # the rollout's savings
+    --model smollm2-135m --savings on,off,unshared,sliced,shrink
   python -m benchmarks.run --suite rollout,update,iteration \
     --model qwen2.5-0.5b --size ragen          # a GPU, bfloat16 on both sides
 
@@ -63,8 +63,10 @@ from benchmarks.workload import SIZES, Pair, roofline
 
 SUITES = ("env", "rollout", "update", "iteration")
 # The rollout's savings (``RolloutConfig``), measured against each other in
-# one run with ``--savings``: the defaults; each saving off; the defaults
-# with the decode batch halving once to its live rows.
+# one run with ``--savings``: the defaults; all of them off; one of them
+# off (unshared: the prompt prefilled by every episode; sliced: layers
+# sliced from the stacked weights at every call); the defaults with the
+# decode batch halving once to its live rows.
 SAVINGS = {
   "on": {},
   "off": {
@@ -72,6 +74,8 @@ SAVINGS = {
     "rollout.decode_shrinks": 0,
     "rollout.layer_buffers": False,
   },
+  "unshared": {"rollout.share_prefix": False},
+  "sliced": {"rollout.layer_buffers": False},
   "shrink": {"rollout.decode_shrinks": 1},
 }
 SAVED_SUITES = ("rollout", "iteration")

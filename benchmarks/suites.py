@@ -15,6 +15,7 @@ from flax import nnx
 from benchmarks.workload import Pair, PeakMemory, forward_flops, timed
 from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.algo import batch as batch_lib
+from starpo_jax.algo import diagnostics
 from starpo_jax.algo import spec as spec_lib
 from starpo_jax.algo import update as update_lib
 from starpo_jax.run import assembly
@@ -115,11 +116,14 @@ def rollout_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
   moved = (
     steps * param_bytes + generated * float(np.mean(lengths)) / 2 * kv_bytes
   )
+  waste = diagnostics.decode_waste(traj)
   return dict(
     suite="rollout",
     workload=pair.describe(),
     metric="generated tokens/s",
     jax=generated / seconds,
+    # The last rollout's decode slots that made no token (diagnostics).
+    **{k: float(v) for k, v in waste.items()},
     compile_s=first - seconds,
     peak_gib=mem.gib,
     flops_frac=flops / seconds / peak["matmul_flops"],

@@ -73,6 +73,18 @@ def test_metrics_match_one_device(runs, mesh):
 
 
 @pytest.mark.slow
+def test_the_shared_prefill_on_a_mesh_equals_every_episode_prefilling(runs):
+  shared, alone = runs["(2, 2, 2)"]["metrics"], runs["(2, 2, 2) unshared"]
+  assert shared.keys() == alone["metrics"].keys()
+  for name, value in shared.items():
+    if name.startswith("time/") or name.endswith("_per_s"):
+      continue
+    np.testing.assert_allclose(
+      alone["metrics"][name], value, atol=1e-5, rtol=1e-5, err_msg=name
+    )
+
+
+@pytest.mark.slow
 def test_a_digest_is_the_same_on_every_mesh(runs):
   # The same weights, created sharded four ways: one digest (a LoRA
   # checkpoint written on one mesh is restored on another).

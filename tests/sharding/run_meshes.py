@@ -24,6 +24,9 @@ from starpo_jax.run import assembly, checkpoint
 # parallelism): each further mesh is a compile of about 30 s on 2 cores
 # and covers nothing this one does not.
 MESHES = [(1, 1, 1), (2, 2, 2)]
+# The mesh again with every episode prefilling its own prompt (no
+# rollout.share_prefix): the shared prefill, sharded, must equal it.
+UNSHARED = (2, 2, 2)
 
 
 def config():
@@ -74,8 +77,11 @@ def gradient(setup, learner, state) -> np.ndarray:
 def main() -> None:
   assert len(jax.devices()) == 8, jax.devices()
   out = {}
-  for shape in MESHES:
-    setup = assembly.build(config())
+  runs = [(shape, True) for shape in MESHES] + [(UNSHARED, False)]
+  for shape, share in runs:
+    c = config()
+    c.rollout.share_prefix = share
+    setup = assembly.build(c)
     mesh = sharding.make_mesh(shape, jax.devices()[: int(np.prod(shape))])
     setup = dataclasses.replace(setup, mesh=mesh)
     learner = assembly.make_learner(setup)
@@ -101,7 +107,7 @@ def main() -> None:
         state.policy["layers"]["mlp"]["up"].get_value().shape
       ),
     }
-    out[str(shape)] = {
+    out[str(shape) + ("" if share else " unshared")] = {
       "metrics": metrics,
       "policy": np.concatenate(
         [np.ravel(x) for x in jax.tree.leaves(jax.device_get(state.policy))]
