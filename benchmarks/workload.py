@@ -260,7 +260,10 @@ class Pair:
     # Where the PyTorch side reads the weights: the packaged GGUF file
     # itself, else what the JAX side writes.
     self.model_file = self.setup.ckpt if packaged else None
-    self.model_dir = os.path.join(workdir, f"hf-{model}-{dtype}")
+    # Named by vocabulary too: the tiny model's compact tokenizer grows
+    # with think mode, so its short and long workloads are two models.
+    vocab = self.model_cfg.vocab_size
+    self.model_dir = os.path.join(workdir, f"hf-{model}-{dtype}-{vocab}")
     allowed = self.setup.codec.allowed
     self.allowed = None if allowed is None else np.asarray(allowed)
     self.state = None
