@@ -338,13 +338,6 @@ def _decode(model, codec, cfg, turn, d: Decode, shrinks: int) -> Decode:
     put = lambda x, y: x.at[at].set(y, mode="drop") if x.ndim else y
     return jax.tree.map(put, d, part)
 
-  import os
-
-  mode = os.environ.get("SHRINK_MODE", "")
-  if mode == "noop":
-    return jax.lax.while_loop(going, step, d)
-  if mode == "nocond":
-    return shrunk(d)
   return jax.lax.cond(going(d), shrunk, lambda d: d, d)
 
 
