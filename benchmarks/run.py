@@ -41,7 +41,12 @@ Suites:
 For each JAX row also: compile time of the first call, peak resident host
 memory while the row ran, and the share of this machine's roofline reached
 (model FLOPs and bytes counted from the config, matrix-multiply FLOP/s and
-memory bandwidth measured in the same run).
+memory bandwidth measured in the same run). ``--savings`` with several
+settings builds every one of them in the JAX process and times them taking
+turns (a warm-up each, then one call each per round, ``--repeats``
+rounds), so a slow spell of the machine falls on all alike; their peak
+memory is the process's during their own calls, the other settings' state
+included.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ from typing import Any
 
 from benchmarks import common
 from benchmarks.suites import SIDES, env_suite, row, update_workload
-from benchmarks.workload import SIZES, Pair, roofline
+from benchmarks.workload import SIZES, Pair, roofline, timed_together
 
 SUITES = ("env", "rollout", "update", "iteration")
 # The rollout's savings (``RolloutConfig``), measured against each other in
@@ -72,13 +77,14 @@ SAVINGS = {
   "off": {
     "rollout.share_prefix": False,
     "rollout.decode_shrinks": 0,
-    "rollout.layer_buffers": False,
+    "rollout.layer_buffers": "off",
   },
   "unshared": {"rollout.share_prefix": False},
-  "sliced": {"rollout.layer_buffers": False},
+  "sliced": {"rollout.layer_buffers": "off"},
   "shrink": {"rollout.decode_shrinks": 1},
 }
 SAVED_SUITES = ("rollout", "iteration")
+ITERATION_ALGOS = ("grpo", "starpo_s")
 # Asked for by name only (not in "all"): it needs Tunix's environment.
 PEER_SUITES = ("peers",)
 MODELS = ("tiny", "qwen2.5-0.5b", "smollm2-135m")
@@ -154,29 +160,37 @@ def run_side(args, side: str, workdir: str, peak) -> list[dict[str, Any]]:
     if long_too:
       variants.append(("long", "grpo"))
     if suite == "iteration":
-      # The smoke run (CI) takes the default preset alone: its filtered,
-      # compacted step is the one the grpo rows do not reach.
-      smoke = args.size == "smoke"
-      variants = ([] if smoke else variants) + [("short", "starpo_s")]
+      variants = [("short", algo) for algo in args.algos]
     savings = args.savings if suite in SAVED_SUITES else ("on",)
     if side == "torch":
       savings = ("on",)  # PyTorch's loops have none of them
-    runs = [(r, a, s) for r, a in variants for s in savings]
-    for replies, algo, saved in runs:
-      pair = Pair(
-        args.model,
-        args.size,
-        workdir,
-        replies,
-        args.dtype,
-        algo,
-        overrides=SAVINGS[saved],
-      )
-      jax_fn, torch_fn = SIDES[suite]
+    jax_fn, torch_fn = SIDES[suite]
+    for replies, algo in variants:
+      pairs = {
+        saved: Pair(
+          args.model,
+          args.size,
+          workdir,
+          replies,
+          args.dtype,
+          algo,
+          overrides=SAVINGS[saved],
+        )
+        for saved in savings
+      }
       if side == "jax":
-        pair.init_jax()
-        rows.append(dict(jax_fn(pair, peak, args.repeats), savings=saved))
+        # Every saving of the workload alive at once, timed taking turns.
+        for pair in pairs.values():
+          pair.init_jax()
+        measured = {s: jax_fn(p, peak) for s, p in pairs.items()}
+        timings = timed_together(
+          [m.run for m in measured.values()], args.repeats
+        )
+        for (saved, m), t in zip(measured.items(), timings, strict=True):
+          rows.append(dict(m.row(t), savings=saved))
+        del measured
       else:
+        (pair,) = pairs.values()
         pair.init_torch(args.torch_device)
         workload = (
           update_workload(pair) if suite == "update" else pair.describe()
@@ -188,7 +202,7 @@ def run_side(args, side: str, workdir: str, peak) -> list[dict[str, Any]]:
             rates=torch_fn(pair, args.repeats),
           )
         )
-      del pair
+      del pairs
       gc.collect()
     print(
       f"  {side} {suite}: {time.perf_counter() - t0:.0f} s",
@@ -256,6 +270,7 @@ def _child(args, side: str, workdir: str) -> dict[str, Any]:
     f"--dtype={args.dtype}",
     f"--repeats={args.repeats}",
     f"--savings={','.join(args.savings)}",
+    f"--algos={','.join(args.algos)}",
   ]
   if args.torch_device:
     cmd.append(f"--torch-device={args.torch_device}")
@@ -298,6 +313,13 @@ def _parser() -> argparse.ArgumentParser:
     "config's defaults)",
   )
   parser.add_argument(
+    "--algos",
+    default=None,
+    help="the iteration suite's presets, comma-separated, each a row: grpo "
+    "(trains every group), starpo_s (the default: the quarter with the "
+    "largest reward spread); default both, starpo_s alone with --smoke",
+  )
+  parser.add_argument(
     "--smoke", action="store_true", help="--size smoke, one repeat (for CI)"
   )
   parser.add_argument("--json", default=None, help="write the results here")
@@ -322,6 +344,16 @@ def _arguments(argv: list[str] | None):
     args.size, args.repeats = "smoke", 1
   if args.dtype is None:
     args.dtype = "bfloat16" if args.size == "ragen" else "float32"
+  if args.algos is None:
+    # The smoke run (CI) takes the default preset alone: its filtered,
+    # compacted step is the one the grpo rows do not reach.
+    args.algos = "starpo_s" if args.smoke else ",".join(ITERATION_ALGOS)
+  args.algos = tuple(args.algos.split(","))
+  if set(args.algos) - set(ITERATION_ALGOS):
+    parser.error(
+      f"unknown --algos {sorted(set(args.algos) - set(ITERATION_ALGOS))}; "
+      f"expected some of {ITERATION_ALGOS}"
+    )
   args.savings = tuple(args.savings.split(","))
   if set(args.savings) - set(SAVINGS):
     parser.error(

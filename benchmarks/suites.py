@@ -4,6 +4,8 @@ process and merges them)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -12,7 +14,13 @@ import numpy as np
 import optax
 from flax import nnx
 
-from benchmarks.workload import Pair, PeakMemory, forward_flops, timed
+from benchmarks.workload import (
+  Pair,
+  PeakMemory,
+  Timing,
+  forward_flops,
+  timed,
+)
 from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.algo import batch as batch_lib
 from starpo_jax.algo import diagnostics
@@ -32,6 +40,16 @@ def row(suite, pair, metric, jax_value, baseline, torch_value, **extra):
     ratio=jax_value / torch_value,
     **extra,
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+  """One JAX measurement: ``run`` makes one call (the first compiles);
+  ``row`` turns the calls' ``Timing`` into the suite's row. Split so that
+  several (the savings) can be timed taking turns."""
+
+  run: Callable[[], None]
+  row: Callable[[Timing], dict[str, Any]]
 
 
 # ----------------------------------------------------------------------------
@@ -81,8 +99,8 @@ def rollout_baselines(pair: Pair) -> list[tuple[str, str, bool]]:
   ]
 
 
-def rollout_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
-  setup, cfg = pair.setup, pair.model_cfg
+def rollout_jax(pair: Pair, peak) -> Measured:
+  setup = pair.setup
   play = jax.jit(
     lambda p, codec, k: rollout_lib.rollout(
       nnx.merge(pair.policy_def, p), codec, setup.env, setup.config.rollout, k
@@ -96,9 +114,14 @@ def rollout_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
       play(pair.state.policy, setup.codec, jax.random.key(next(keys)))
     )
 
-  with PeakMemory() as mem:
-    first, seconds, recompiled = timed(run, repeats)
-  traj = out["traj"]
+  def finish(t: Timing) -> dict[str, Any]:
+    return _rollout_row(pair, peak, out["traj"], t)
+
+  return Measured(run, finish)
+
+
+def _rollout_row(pair: Pair, peak, traj, t: Timing) -> dict[str, Any]:
+  setup, cfg, seconds = pair.setup, pair.model_cfg, t.seconds
   generated = float(np.sum(traj.response_lengths))
   lengths = np.asarray(traj.length, np.float64)
   flops = forward_flops(
@@ -124,11 +147,11 @@ def rollout_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
     jax=generated / seconds,
     # The last rollout's decode slots that made no token (diagnostics).
     **{k: float(v) for k, v in waste.items()},
-    compile_s=first - seconds,
-    peak_gib=mem.gib,
+    compile_s=t.first - seconds,
+    peak_gib=t.peak_gib,
     flops_frac=flops / seconds / peak["matmul_flops"],
     bandwidth_frac=moved / seconds / peak["bandwidth"],
-    recompiled=recompiled,
+    recompiled=t.recompiled,
   )
 
 
@@ -204,7 +227,7 @@ def _batch(data: dict[str, np.ndarray]) -> batch_lib.Batch:
   )
 
 
-def update_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
+def update_jax(pair: Pair, peak) -> Measured:
   setup, cfg, algo = pair.setup, pair.model_cfg, pair.setup.config.algo
   data = update_batch(pair)
   mb, length = data["tokens"].shape
@@ -242,22 +265,24 @@ def update_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
     jax.block_until_ready(loss)
     carry.update(params=p, opt=o)
 
-  with PeakMemory() as mem:
-    first, seconds, recompiled = timed(run, repeats)
   trained = mb * length
   flops = 3 * forward_flops(
     cfg, trained, mb * gen, mb * length * (length + 1) / 2
   )
-  return dict(
-    suite="update",
-    workload=update_workload(pair),
-    metric="trained tokens/s",
-    jax=trained / seconds,
-    compile_s=first - seconds,
-    peak_gib=mem.gib,
-    flops_frac=flops / seconds / peak["matmul_flops"],
-    recompiled=recompiled,
-  )
+
+  def finish(t: Timing) -> dict[str, Any]:
+    return dict(
+      suite="update",
+      workload=update_workload(pair),
+      metric="trained tokens/s",
+      jax=trained / t.seconds,
+      compile_s=t.first - t.seconds,
+      peak_gib=t.peak_gib,
+      flops_frac=flops / t.seconds / peak["matmul_flops"],
+      recompiled=t.recompiled,
+    )
+
+  return Measured(run, finish)
 
 
 def update_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
@@ -297,7 +322,7 @@ ITERATION_BASELINES = (
 )
 
 
-def iteration_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
+def iteration_jax(pair: Pair, peak) -> Measured:
   setup = pair.setup
   step = assembly.compile_step(setup, pair.state, pair.learner)
   holder = {"state": pair.state}
@@ -307,18 +332,19 @@ def iteration_jax(pair: Pair, peak, repeats: int) -> dict[str, Any]:
     holder["state"], m = step(holder["state"], setup.codec)
     tokens.append(float(jax.block_until_ready(m["rollout/generated_tokens"])))
 
-  with PeakMemory() as mem:
-    first, seconds, recompiled = timed(run, repeats)
-  return dict(
-    suite="iteration",
-    workload=pair.describe(),
-    metric="iterations/s",
-    jax=1 / seconds,
-    compile_s=first - seconds,
-    peak_gib=mem.gib,
-    recompiled=recompiled,
-    jax_tokens=float(np.mean(tokens[1:])),
-  )
+  def finish(t: Timing) -> dict[str, Any]:
+    return dict(
+      suite="iteration",
+      workload=pair.describe(),
+      metric="iterations/s",
+      jax=1 / t.seconds,
+      compile_s=t.first - t.seconds,
+      peak_gib=t.peak_gib,
+      recompiled=t.recompiled,
+      jax_tokens=float(np.mean(tokens[1:])),
+    )
+
+  return Measured(run, finish)
 
 
 def iteration_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:

@@ -4,11 +4,12 @@ machine's roofline, compile counting and peak memory."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -81,19 +82,55 @@ def _count_compile(event: str, duration: float, **kwargs: Any) -> None:
 jax.monitoring.register_event_duration_secs_listener(_count_compile)
 
 
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  """One measured call's times: the first (warm-up) call's seconds, the
+  median of the rest, whether any of the rest compiled, and the process's
+  peak resident memory (GiB) while its calls ran."""
+
+  first: float
+  seconds: float
+  recompiled: bool
+  peak_gib: float
+
+
+def timed_together(
+  fns: Sequence[Callable[[], Any]], repeats: int
+) -> list[Timing]:
+  """Times several calls against each other: each warms up once, then the
+  calls take turns, ``repeats`` rounds, so a machine's slow spell falls on
+  all of them alike rather than on whichever ran then."""
+  firsts, peaks = [], [0.0] * len(fns)
+  times: list[list[float]] = [[] for _ in fns]
+  recompiled = [False] * len(fns)
+
+  def call(i: int, warm_up: bool = False) -> float:
+    compiles = _COMPILES[0]
+    with PeakMemory() as mem:
+      start = time.perf_counter()
+      fns[i]()
+      seconds = time.perf_counter() - start
+    peaks[i] = max(peaks[i], mem.gib)
+    if not warm_up:
+      recompiled[i] |= _COMPILES[0] > compiles
+    return seconds
+
+  for i in range(len(fns)):
+    firsts.append(call(i, warm_up=True))
+  for _ in range(repeats):
+    for i in range(len(fns)):
+      times[i].append(call(i))
+  return [
+    Timing(firsts[i], statistics.median(times[i]), recompiled[i], peaks[i])
+    for i in range(len(fns))
+  ]
+
+
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float, bool]:
   """(seconds of the first, warm-up call; median seconds of the rest;
   whether any of the rest compiled)."""
-  start = time.perf_counter()
-  fn()
-  first = time.perf_counter() - start
-  compiled = _COMPILES[0]
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return first, statistics.median(times), _COMPILES[0] > compiled
+  t = timed_together([fn], repeats)[0]
+  return t.first, t.seconds, t.recompiled
 
 
 def matmul_params_per_layer(cfg: model_config.ModelConfig) -> int:

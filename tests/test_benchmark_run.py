@@ -110,3 +110,24 @@ def test_timed_flags_a_recompilation_after_the_warm_up():
     lambda: add(jnp.ones(next(sizes))), repeats=2
   )
   assert recompiled
+
+
+def test_timed_together_takes_turns_and_flags_only_the_recompiler():
+  calls = []
+  add = jax.jit(lambda x: x * 2)
+  sizes = iter(range(20, 30))
+
+  def steady():
+    calls.append("a")
+    add(jnp.ones(3)).block_until_ready()
+
+  def growing():
+    calls.append("b")
+    add(jnp.ones(next(sizes))).block_until_ready()
+
+  a, b = workload.timed_together([steady, growing], repeats=3)
+  # One warm-up each, then the two alternate.
+  assert calls == ["a", "b"] + ["a", "b"] * 3
+  assert not a.recompiled and b.recompiled
+  for t in (a, b):
+    assert t.first > 0 and t.seconds > 0 and t.peak_gib > 0
