@@ -261,3 +261,32 @@ def test_the_decode_waste_is_the_share_of_slots_finished_rows_took():
   assert reply > 0 and episode > 0
   assert got["decode_finished_reply"] == pytest.approx(reply / slots)
   assert got["decode_finished_episode"] == pytest.approx(episode / slots)
+
+
+@pytest.mark.parametrize("buffers", ["auto", "on", "off"])
+def test_layer_buffers_decode_the_tokens_the_stacked_weights_do(buffers):
+  # On this CPU "auto" means on: the rollout decodes from one buffer per
+  # layer (``for_decoding``), and plays what slicing at every call plays.
+  tok = TOKENIZERS["compact"]()
+  env = envs.make("sokoban")
+  cfg = dataclasses.replace(CFG, enable_think=False, layer_buffers=buffers)
+  codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
+  model = transformer.create(presets.preset("tiny", vocab_size=tok.vocab_size))
+  buffered = []
+
+  class Watch(Spy):
+    def for_decoding(self):
+      buffered.append(True)
+      return super().for_decoding()
+
+  def play(cfg):
+    run = jax.jit(lambda m, c, k: rollout.rollout(Watch(m, []), c, env, cfg, k))
+    return to_numpy(run(model, codec, jax.random.key(3)))
+
+  got = play(cfg)
+  assert buffered == ([] if buffers == "off" else [True])
+  buffered.clear()
+  plain = play(dataclasses.replace(cfg, layer_buffers="off"))
+  assert not buffered
+  np.testing.assert_array_equal(got.tokens, plain.tokens)
+  np.testing.assert_allclose(got.logprobs, plain.logprobs, atol=1e-5)

@@ -207,7 +207,7 @@ def rollout(
   of the whole batch and, with ``cfg.chunks``, of a part.
   """
   env = envs.batched(env)
-  if cfg.layer_buffers:
+  if _layer_buffers(cfg):
     model = model.for_decoding()
   k_reset, k_sample = jax.random.split(key)
   states = reset(env, cfg, k_reset)
@@ -228,6 +228,14 @@ def rollout(
   keys = jax.random.split(k_sample, cfg.chunks)
   out = jax.lax.map(play, (jax.tree.map(split, states), keys))
   return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:]), out)
+
+
+def _layer_buffers(cfg: RolloutConfig) -> bool:
+  """Whether the rollout decodes from one buffer per layer
+  (``RolloutConfig.layer_buffers``)."""
+  if cfg.layer_buffers == "auto":
+    return jax.default_backend() == "cpu"
+  return cfg.layer_buffers == "on"
 
 
 def _play(

@@ -46,10 +46,12 @@ class RolloutConfig:
   # reply ends.
   decode_shrinks: int = 0
   # Each layer's weights in a buffer of its own while the rollout runs
-  # (``model.for_decoding()``): one copy of the weights, against a copy of
-  # every layer at every decode step on XLA:CPU. False slices each layer
-  # out of the stacked weights at every call.
-  layer_buffers: bool = True
+  # (``model.for_decoding()``): a second copy of the layers' weights, against
+  # a copy of every layer at every decode step on XLA:CPU, where it was
+  # measured. "auto": on where the rollout runs on CPUs, off on GPUs and
+  # TPUs (the copy's memory, and no measured gain there). "off" slices each
+  # layer out of the stacked weights at every call.
+  layer_buffers: Literal["auto", "on", "off"] = "auto"
 
   def __post_init__(self) -> None:
     settings.check(self, "rollout")
