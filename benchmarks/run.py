@@ -164,7 +164,6 @@ def run_side(args, side: str, workdir: str, peak) -> list[dict[str, Any]]:
     savings = args.savings if suite in SAVED_SUITES else ("on",)
     if side == "torch":
       savings = ("on",)  # PyTorch's loops have none of them
-    jax_fn, torch_fn = SIDES[suite]
     for replies, algo in variants:
       pairs = {
         saved: Pair(
@@ -178,30 +177,7 @@ def run_side(args, side: str, workdir: str, peak) -> list[dict[str, Any]]:
         )
         for saved in savings
       }
-      if side == "jax":
-        # Every saving of the workload alive at once, timed taking turns.
-        for pair in pairs.values():
-          pair.init_jax()
-        measured = {s: jax_fn(p, peak) for s, p in pairs.items()}
-        timings = timed_together(
-          [m.run for m in measured.values()], args.repeats
-        )
-        for (saved, m), t in zip(measured.items(), timings, strict=True):
-          rows.append(dict(m.row(t), savings=saved))
-        del measured
-      else:
-        (pair,) = pairs.values()
-        pair.init_torch(args.torch_device)
-        workload = (
-          update_workload(pair) if suite == "update" else pair.describe()
-        )
-        rows.append(
-          dict(
-            suite=suite,
-            workload=workload,
-            rates=torch_fn(pair, args.repeats),
-          )
-        )
+      rows += _measure(args, suite, side, pairs, peak)
       del pairs
       gc.collect()
     print(
@@ -210,6 +186,28 @@ def run_side(args, side: str, workdir: str, peak) -> list[dict[str, Any]]:
       flush=True,
     )
   return rows
+
+
+def _measure(args, suite: str, side: str, pairs: dict[str, Pair], peak):
+  """This side's rows of one workload: on the JAX side one per saving in
+  ``pairs``, all alive at once and timed taking turns; on the PyTorch
+  side (one pair) its baselines."""
+  jax_fn, torch_fn = SIDES[suite]
+  if side == "jax":
+    for pair in pairs.values():
+      pair.init_jax()
+    measured = {s: jax_fn(p, peak) for s, p in pairs.items()}
+    timings = timed_together([m.run for m in measured.values()], args.repeats)
+    return [
+      dict(m.row(t), savings=saved)
+      for (saved, m), t in zip(measured.items(), timings, strict=True)
+    ]
+  (pair,) = pairs.values()
+  pair.init_torch(args.torch_device)
+  workload = update_workload(pair) if suite == "update" else pair.describe()
+  return [
+    dict(suite=suite, workload=workload, rates=torch_fn(pair, args.repeats))
+  ]
 
 
 # ----------------------------------------------------------------------------
