@@ -88,7 +88,9 @@ def main() -> None:
     state = assembly.init_state(setup, learner)
     # A LoRA run's base digest, of the weights as each mesh shards them.
     digest = checkpoint.digest(state.policy)
-    grad = gradient(setup, learner, state)  # before the step donates state
+    # Before the step donates state; the unshared run is compared by its
+    # metrics alone.
+    grad = gradient(setup, learner, state) if share else np.zeros(0)
     step = assembly.compile_step(setup, state, learner)
     state, metrics = step(state, setup.codec)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
