@@ -18,7 +18,7 @@ from starpo_jax import settings
 from starpo_jax.run import presets, sections
 
 # --config=FILE:key=value,... keys and their defaults.
-ARG_DEFAULTS = {"model": "tiny", "ckpt": "", "algo": "starpo_s"}
+ARG_DEFAULTS = {"model": "tiny", "ckpt": "", "algo": "starpo_s", "variants": ""}
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> dict[str, Any]:
@@ -130,7 +130,9 @@ def smollm2_on_cpu(
 
 def apply_presets(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
   """The ``algo=`` preset, then the ``model=`` one (``run/presets.py``),
-  and the model's ``ckpt=``. StarPO-S on the tiny model, and any
+  the model's ``ckpt=``, and ``variants=ragen``: RAGEN's validation
+  variants of the environment, each evaluated beside it
+  (``presets.EVAL_VARIANTS``). StarPO-S on the tiny model, and any
   algorithm on SmolLM2, take group-relative advantages for the critic's
   (the run's first lines say so)."""
   model, algo = args["model"], args["algo"]
@@ -145,3 +147,12 @@ def apply_presets(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
     presets.apply(c, "grpo_advantages")
   c.model.preset = model
   c.model.ckpt = args["ckpt"]
+  if args["variants"]:
+    named = f"{c.env.name}_variants"
+    if args["variants"] != "ragen" or named not in presets.EVAL_VARIANTS:
+      raise ValueError(
+        f"variants={args['variants']!r}: only RAGEN's validation variants "
+        f"(variants=ragen), which exist for "
+        f"{sorted(n.removesuffix('_variants') for n in presets.EVAL_VARIANTS)}"
+      )
+    presets.apply(c, named)

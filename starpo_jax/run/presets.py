@@ -110,10 +110,35 @@ MODELS: dict[str, dict[str, Any]] = {
 # "Why these settings").
 GRPO_ADVANTAGES = {"algo.adv_estimator": "grpo"}
 
+# RAGEN's validation environments beside the one trained on, as held-out
+# variants (``env.eval_variants``); the config argument ``variants=ragen``
+# applies the training environment's.
+EVAL_VARIANTS: dict[str, dict[str, Any]] = {
+  "sokoban_variants": {
+    "env.eval_variants": {
+      # LargerSokoban: an 8x8 room with two boxes.
+      "sokoban_larger": {"dim_room": [8, 8], "num_boxes": 2},
+      # SokobanDifferentGridVocab: the same rooms in other symbols.
+      "sokoban_vocab": {"symbols": "alternate"},
+      "sokoban_two_boxes": {"num_boxes": 2},
+    }
+  },
+  "frozen_lake_variants": {
+    "env.eval_variants": {
+      "frozen_lake_6x6": {"size": 6},
+      # Gym's classic slipperiness (a third of moves go as intended), and
+      # none.
+      "frozen_lake_slippery": {"success_rate": 1 / 3},
+      "frozen_lake_steady": {"success_rate": 1.0},
+    }
+  },
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
   **ALGORITHMS,
   "grpo_advantages": GRPO_ADVANTAGES,
   **MODELS,
+  **EVAL_VARIANTS,
 }
 
 

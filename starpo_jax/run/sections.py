@@ -34,6 +34,14 @@ class EnvConfig:
   # What evaluation changes (the bandit's held-out arm names, QA's split);
   # the training environment is then also evaluated.
   eval_kwargs: dict = dataclasses.field(default_factory=dict)
+  # Further held-out environments by tag, each evaluated beside ``eval``
+  # with its own random player (RAGEN's validation list; the ``variants=``
+  # config argument applies ``presets.EVAL_VARIANTS``): a tag's settings
+  # override the training environment's, or, with ``env``, name another
+  # registered environment built from the rest alone. A tiny model's
+  # compact tokenizer covers every environment of its config, so variants
+  # with new symbols belong in the config it trains with.
+  eval_variants: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self) -> None:
     settings.check(self, "env")

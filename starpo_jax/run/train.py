@@ -140,11 +140,21 @@ class _Run:
         f"{get('success'):.1f}% [{get('success_lo'):.1f}, "
         f"{get('success_hi'):.1f}] at t={t:g}"
       )
-    return (
+    line = (
       "eval success "
       + ", ".join(out)
       + f"; random valid player {100 * metrics['eval/random_success']:.1f}%"
     )
+    # Further held-out environments (env.eval_variants) at the first
+    # temperature, each beside its random player.
+    for name in self.evaluator.envs:
+      if name != "eval":
+        get = lambda stat, name=name: 100 * metrics[f"{name}/{stat}"]
+        line += (
+          f"; {name} {get('success'):.1f}% [{get('success_lo'):.1f}, "
+          f"{get('success_hi'):.1f}] (random {get('random_success'):.1f}%)"
+        )
+    return line
 
   def check_finite(self, step: int, metrics: dict[str, float]) -> None:
     streak = int(metrics["train/nonfinite_streak"])

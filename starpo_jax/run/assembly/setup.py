@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -117,10 +118,14 @@ def _check_warm_start(run: RunConfig, env, tok, codec) -> None:
     raise ConfigError(f"config.{e}") from None
 
 
+_TAG = re.compile(r"[a-z][a-z0-9_]*")
+
+
 def _environments(c: EnvConfig) -> tuple[Any, dict[str, Any]]:
   """The training environment and the evaluation ones by name: ``eval``
-  with ``env.eval_kwargs`` applied and, when those change anything, the
-  training environment again as ``eval_train_env``."""
+  with ``env.eval_kwargs`` applied, when those change anything the
+  training environment again as ``eval_train_env``, then each of
+  ``env.eval_variants`` by its tag."""
   try:
     env = envs.batched(envs.make(c.name, **c.kwargs))
     held_out = envs.make(c.name, **{**c.kwargs, **c.eval_kwargs})
@@ -129,6 +134,22 @@ def _environments(c: EnvConfig) -> tuple[Any, dict[str, Any]]:
   eval_envs = {"eval": envs.batched(held_out)}
   if c.eval_kwargs:
     eval_envs["eval_train_env"] = env
+  for tag, overrides in c.eval_variants.items():
+    where = f"config.env.eval_variants.{tag}"
+    if not _TAG.fullmatch(tag) or tag in eval_envs:
+      raise ConfigError(
+        f"{where}: a tag is lower-case letters, digits and underscores, "
+        f"and not one of {sorted(eval_envs)}"
+      )
+    overrides = dict(overrides)
+    name = overrides.pop("env", c.name)
+    kwargs = overrides
+    if name == c.name:
+      kwargs = {**c.kwargs, **c.eval_kwargs, **overrides}
+    try:
+      eval_envs[tag] = envs.batched(envs.make(name, **kwargs))
+    except ValueError as e:
+      raise ConfigError(f"{where}: {e}") from None
   return env, eval_envs
 
 

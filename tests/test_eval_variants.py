@@ -1,0 +1,112 @@
+"""Evaluation across variants (``env.eval_variants``, RAGEN's validation
+list): each variant is the environment its settings name, evaluated
+beside ``eval`` with its own interval and random player, and a bad
+variant is refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from configs import frozen_lake, sokoban
+from starpo_jax.run import assembly, evaluator, presets
+
+
+def test_ragens_sokoban_variants_are_the_rooms_they_name():
+  setup = assembly.build(sokoban.get_config("variants=ragen"))
+  assert set(setup.eval_envs) == {
+    "eval",
+    "sokoban_larger",
+    "sokoban_vocab",
+    "sokoban_two_boxes",
+  }
+  room = lambda tag: setup.eval_envs[tag].jittable
+  # Independent of the presets table: RAGEN's names, read from the rooms.
+  assert (room("eval").rows, room("eval").num_boxes) == (6, 1)
+  larger = room("sokoban_larger")
+  assert (larger.rows, larger.cols, larger.num_boxes) == (8, 8, 2)
+  assert (
+    room("sokoban_two_boxes").rows,
+    room("sokoban_two_boxes").num_boxes,
+  ) == (
+    6,
+    2,
+  )
+  # SokobanDifferentGridVocab: walls drawn W (RAGEN's alternate set), not #.
+  assert "W" in room("sokoban_vocab").spec.pieces
+  assert "#" not in room("sokoban_vocab").spec.pieces
+  assert "#" in room("eval").spec.pieces
+  # The compact tokenizer covers the alternate symbols' pieces too.
+  for piece in ("W", "B", "@"):
+    assert setup.tokenizer.encode(piece)
+  # The run reads its presets back without a note: the variants survive
+  # the config's JSON round trip (the workdir's config.json).
+  c = sokoban.get_config("variants=ragen")
+  again = assembly.parse(json.loads(json.dumps(c.to_dict())))
+  assert (
+    again.env.eval_variants
+    == presets.EVAL_VARIANTS["sokoban_variants"]["env.eval_variants"]
+  )
+  assert not [n for n in presets.notes(again) if "eval_variants" in n]
+
+
+def test_each_variant_is_evaluated_with_its_interval_and_random_player():
+  c = frozen_lake.get_config("variants=ragen")
+  c.rollout.max_turns = 2
+  setup = assembly.build(c)
+  learner = assembly.make_learner(setup)
+  state = assembly.init_state(setup, learner)
+  ev = evaluator.make_evaluator(
+    setup, learner, episodes=8, temperatures=(1.0,), transcripts=False
+  )
+  metrics, _ = ev(state.policy)
+  tags = [
+    "eval",
+    "frozen_lake_6x6",
+    "frozen_lake_slippery",
+    "frozen_lake_steady",
+  ]
+  assert sorted(ev.envs) == tags
+  for tag in tags:
+    lo, p, hi = (
+      metrics[f"{tag}/{k}"] for k in ("success_lo", "success", "success_hi")
+    )
+    assert 0 <= lo <= p <= hi <= 1
+    assert 0 <= metrics[f"{tag}/random_success"] <= 1
+  # The 6x6 board's prompts hold 6 rows of 6 cells.
+  trajs = ev.trajectories(state.policy)
+  prompt = setup.tokenizer.decode(
+    trajs[("frozen_lake_6x6", 1.0)].tokens[0][
+      ~trajs[("frozen_lake_6x6", 1.0)].loss_mask[0]
+    ]
+  )
+  board = [r for r in prompt.split("\n") if r and set(r) <= set("P_OGX√")]
+  assert len(board) >= 6 and [len(r) for r in board[:6]] == [6] * 6, prompt
+  assert np.isfinite(metrics["frozen_lake_slippery/success"])
+
+
+@pytest.mark.parametrize(
+  ("variants", "message"),
+  [
+    ({"Larger": {"num_boxes": 2}}, "eval_variants.Larger: a tag is"),
+    ({"eval": {"num_boxes": 2}}, "eval_variants.eval: a tag is"),
+    ({"big": {"boxes": 2}}, "eval_variants.big: "),
+    ({"big": {"env": "no_such_env"}}, "eval_variants.big: unknown environment"),
+  ],
+)
+def test_a_bad_variant_is_refused_by_its_tag(variants, message):
+  c = sokoban.get_config(None)
+  c.env.eval_variants = variants
+  with pytest.raises(assembly.ConfigError, match=message):
+    assembly.build(c)
+
+
+def test_variants_exist_only_where_ragen_has_them():
+  with pytest.raises(ValueError, match="variants=ragen"):
+    sokoban.get_config("variants=larger")
+  from configs import bandit
+
+  with pytest.raises(ValueError, match="exist for"):
+    bandit.get_config("variants=ragen")
