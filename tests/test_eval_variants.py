@@ -38,9 +38,12 @@ def test_ragens_sokoban_variants_are_the_rooms_they_name():
   assert "W" in room("sokoban_vocab").spec.pieces
   assert "#" not in room("sokoban_vocab").spec.pieces
   assert "#" in room("eval").spec.pieces
-  # The compact tokenizer covers the alternate symbols' pieces too.
-  for piece in ("W", "B", "@"):
-    assert setup.tokenizer.encode(piece)
+  # The variants add no token: a run trained without them (the default
+  # command) is evaluated on them with its own tokenizer.
+  plain = assembly.build(sokoban.get_config(None)).tokenizer
+  assert setup.tokenizer.vocab_size == plain.vocab_size
+  text = "W.GCBA@\n#_O√XPS <answer>Left</answer>"
+  assert setup.tokenizer.encode(text) == plain.encode(text)
   # The run reads its presets back without a note: the variants survive
   # the config's JSON round trip (the workdir's config.json).
   c = sokoban.get_config("variants=ragen")

@@ -38,9 +38,7 @@ class EnvConfig:
   # with its own random player (RAGEN's validation list; the ``variants=``
   # config argument applies ``presets.EVAL_VARIANTS``): a tag's settings
   # override the training environment's, or, with ``env``, name another
-  # registered environment built from the rest alone. A tiny model's
-  # compact tokenizer covers every environment of its config, so variants
-  # with new symbols belong in the config it trains with.
+  # registered environment built from the rest alone.
   eval_variants: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self) -> None:
