@@ -11,6 +11,9 @@ its JSON file (and, for benchmark rows, which suites):
   | suite | ... |
   <!-- /table -->
 
+(``suites=`` and ``savings=``, comma-separated, keep those rows; the
+``savings`` renderer gives a line per saving against the defaults.)
+
 Each renderer is the ``table`` function of the command that wrote the
 JSON (``benchmarks.run``, ``benchmarks.phases``, ``benchmarks.tpu_memory``,
 ``benchmarks.learning_table``, ``benchmarks.zero_shot_table``), so a
@@ -38,13 +41,30 @@ BLOCK = re.compile(
 )
 
 
-def _run(data: dict[str, Any], suites: str = "") -> str:
+def _run(data: dict[str, Any], suites: str = "", savings: str = "") -> str:
   from benchmarks import run
 
   wanted = set(suites.split(",")) if suites else None
+  saved = set(savings.split(",")) if savings else None
+
+  def saving(r: dict[str, Any]) -> str:
+    m = run.SAVED.fullmatch(r["workload"])
+    return m["savings"] if m else "on"
+
   return run.table(
-    [r for r in data["rows"] if wanted is None or r["suite"] in wanted]
+    [
+      r
+      for r in data["rows"]
+      if (wanted is None or r["suite"] in wanted)
+      and (saved is None or saving(r) in saved)
+    ]
   )
+
+
+def _savings(data: dict[str, Any]) -> str:
+  from benchmarks import run
+
+  return run.savings_table(data["rows"])
 
 
 def _phases(data: dict[str, Any]) -> str:
@@ -76,6 +96,7 @@ def _zero_shot(data: dict[str, Any]) -> str:
 
 RENDERERS: dict[str, Callable[..., str]] = {
   "run": _run,
+  "savings": _savings,
   "phases": _phases,
   "tpu_memory": _tpu_memory,
   "learning": _learning,

@@ -55,6 +55,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -248,6 +249,50 @@ def table(rows: list[dict[str, Any]]) -> str:
       ]
       for r in rows
     ],
+  )
+
+
+SAVED = re.compile(r"(?P<workload>.*), savings (?P<savings>\w+)$")
+
+
+def savings_table(rows: list[dict[str, Any]]) -> str:
+  """One line per workload and saving (``--savings``): its JAX figure,
+  its ratio to the same workload with the defaults, and the share of
+  decode slots that made no token (rollout rows)."""
+  on, lines = {}, {}
+  for r in rows:
+    m = SAVED.fullmatch(r["workload"])
+    workload, saved = (
+      (m["workload"], m["savings"]) if m else (r["workload"], "on")
+    )
+    if saved == "on":
+      on[(r["suite"], workload)] = r["jax"]
+    lines.setdefault((r["suite"], workload, saved), r)
+  body = []
+  for (suite, workload, saved), r in lines.items():
+    idle = f"{100 * r['decode_idle']:.1f}%" if "decode_idle" in r else "-"
+    body.append(
+      [
+        suite,
+        workload,
+        saved,
+        r["metric"],
+        r["jax"],
+        f"{r['jax'] / on[(suite, workload)]:.2f}x",
+        idle,
+      ]
+    )
+  return common.markdown_table(
+    [
+      "suite",
+      "workload",
+      "savings",
+      "metric",
+      "starpo-jax",
+      "against savings on",
+      "decode slots idle",
+    ],
+    body,
   )
 
 

@@ -97,6 +97,13 @@ def test_savings_are_measured_beside_the_baselines_and_the_defaults():
     ("135m, savings off", "a", 2.0),
     ("135m, savings off", "starpo-jax, savings on", 0.5),
   ]
+  # The docs' compact table: a line per saving, its ratio to the defaults.
+  lines = run.savings_table(rows).splitlines()[2:]
+  cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+  assert [(c[2], c[4], c[5]) for c in cells] == [
+    ("on", "20", "1.00x"),
+    ("off", "10", "0.50x"),
+  ]
   with pytest.raises(SystemExit):
     run.main(["--savings", "on,of"])
 
