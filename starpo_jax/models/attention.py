@@ -22,6 +22,12 @@ TPU topology from a CPU host picks splash, not the CPU's kernel.
 Decoding against a KV cache (``cached``) visits the cache in blocks, only
 up to the furthest position in use, with an online softmax: the cost of a
 step grows with the tokens so far, not with the cache's size.
+
+A context window (``TurnWindow``, ``rollout.context_window``) hides a
+multi-turn episode's older turns: a token sees the system prompt and the
+last ``size`` turns, its own included. Training takes it as each token's
+turn (the ``xla`` and ``blockwise`` kernels mask by it); decoding takes it
+as a span of cache slots no query of the turn sees.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 from jax.sharding import PartitionSpec as P
 
 IMPLEMENTATIONS = ("auto", "xla", "blockwise", "cudnn", "splash")
@@ -41,6 +48,26 @@ HALF = (jnp.dtype("bfloat16"), jnp.dtype("float16"))
 # Mesh axes that shard the episode batch and the heads (sharding.py).
 _BATCH_AXES = ("data", "fsdp")
 _HEAD_AXIS = "tensor"
+
+
+@struct.dataclass
+class TurnWindow:
+  """Which tokens of a multi-turn episode each token sees (causally): the
+  system prompt (turn < 0) and the tokens of the last ``size`` turns, its
+  own included."""
+
+  turns: jax.Array  # [B, T] int32 each token's turn; < 0: the system prompt
+  size: int = struct.field(pytree_node=False)
+
+  def sees(self, query_turns: jax.Array, key_turns: jax.Array) -> jax.Array:
+    """``[..., Q, S]`` bool: query ``[..., Q]`` sees key ``[..., S]``
+    (causality apart)."""
+    q, k = query_turns[..., :, None], key_turns[..., None, :]
+    return (k < 0) | (k > q - self.size)
+
+  def cut(self, length: int) -> TurnWindow:
+    """The window of the sequence's first ``length`` tokens."""
+    return TurnWindow(self.turns[:, :length], self.size)
 
 
 def platform() -> str:
@@ -79,7 +106,11 @@ def choose(implementation: str, dtype: jnp.dtype, on: str) -> str:
 
 
 def causal(
-  q: jax.Array, k: jax.Array, v: jax.Array, implementation: str = "auto"
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  implementation: str = "auto",
+  window: TurnWindow | None = None,
 ) -> jax.Array:
   """Causal grouped-query attention of a sequence with itself.
 
@@ -87,10 +118,22 @@ def causal(
     q: ``[B, T, N, H]`` queries; ``k``, ``v``: ``[B, T, K, H]``, ``N`` a
       multiple of ``K``.
     implementation: one of ``IMPLEMENTATIONS``.
+    window: older turns hidden as well. Only the ``xla`` and ``blockwise``
+      kernels take one (``"auto"`` then picks ``blockwise``): the cuDNN and
+      splash kernels compiled here have a causal mask only.
 
   Returns:
     ``[B, T, N, H]``.
   """
+  if window is not None:
+    if implementation in ("cudnn", "splash"):
+      raise ValueError(
+        f"model: attention={implementation!r} has no context window "
+        "(rollout.context_window); use 'blockwise' or 'xla'"
+      )
+    if implementation == "xla":
+      return reference(q, k, v, window)
+    return blockwise(q, k, v, window)
   kind = choose(implementation, q.dtype, platform())
   if kind == "xla":
     return reference(q, k, v)
@@ -103,10 +146,15 @@ def causal(
   return blockwise(q, k, v)
 
 
-def reference(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def reference(
+  q: jax.Array, k: jax.Array, v: jax.Array, window: TurnWindow | None = None
+) -> jax.Array:
   """Causal attention as XLA computes it, scores and all."""
+  mask = None
+  if window is not None:
+    mask = window.sees(window.turns, window.turns)[:, None]
   return jax.nn.dot_product_attention(
-    q, k, v, is_causal=True, implementation="xla"
+    q, k, v, mask=mask, is_causal=True, implementation="xla"
   )
 
 
@@ -210,7 +258,9 @@ ATTENTION_BLOCK = 128
 MAX_CAUSAL_BLOCKS = 16
 
 
-def blockwise(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def blockwise(
+  q: jax.Array, k: jax.Array, v: jax.Array, window: TurnWindow | None = None
+) -> jax.Array:
   """Causal attention without the ``[T, T]`` scores of a whole batch.
 
   One sequence at a time (its score blocks stay in cache), queries in
@@ -218,9 +268,12 @@ def blockwise(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   never computed), and a backward pass that recomputes the probabilities
   from the saved log-normalisers rather than storing them. For a 768-token
   sequence on 2 CPU cores it is about 3x faster than XLA's attention
-  forward and 2x forward and backward.
+  forward and 2x forward and backward. A ``window`` masks each block by
+  the tokens' turns as well.
   """
-  return _row_attention(q, k, v)
+  if window is None:
+    return _row_attention(q, k, v, None, 0)
+  return _row_attention(q, k, v, window.turns, window.size)
 
 
 def _blocks(t: int) -> list[tuple[int, int]]:
@@ -240,7 +293,16 @@ def _head_major(q, k, v):
   return qq, kk, vv
 
 
-def _row_forward(q, k, v):
+def _visible(start: int, end: int, turns, size: int) -> jax.Array:
+  """``[end - start, end]`` bool: which keys up to ``end`` the queries
+  ``start:end`` of one sequence see (causal; by turn where ``turns``)."""
+  ok = jnp.arange(end)[None, :] <= jnp.arange(start, end)[:, None]
+  if turns is None:
+    return ok
+  return ok & TurnWindow(turns, size).sees(turns[start:end], turns[:end])
+
+
+def _row_forward(q, k, v, turns, size):
   """One sequence's attention ``[T, N, H]`` and log-normalisers
   ``[K, G, T]``."""
   t, n, h = q.shape
@@ -248,8 +310,7 @@ def _row_forward(q, k, v):
   outs, lses = [], []
   for start, end in _blocks(t):
     s = jnp.einsum("KGTH,KSH->KGTS", qq[:, :, start:end], kk[:, :end])
-    ok = jnp.arange(end)[None, :] <= jnp.arange(start, end)[:, None]
-    s = jnp.where(ok, s, -jnp.inf)
+    s = jnp.where(_visible(start, end, turns, size), s, -jnp.inf)
     m = jnp.max(s, axis=-1, keepdims=True)
     p = jnp.exp(s - m)
     total = jnp.sum(p, axis=-1, keepdims=True)
@@ -259,7 +320,7 @@ def _row_forward(q, k, v):
   return o, jnp.concatenate(lses, axis=2)
 
 
-def _row_backward(q, k, v, o, lse, do):
+def _row_backward(q, k, v, turns, o, lse, do, size):
   """Gradients of one sequence's attention, probabilities recomputed."""
   t, n, h = q.shape
   kv = k.shape[1]
@@ -271,7 +332,7 @@ def _row_backward(q, k, v, o, lse, do):
   for start, end in _blocks(t):
     qb, dob = qq[:, :, start:end], do_[:, :, start:end]
     s = jnp.einsum("KGTH,KSH->KGTS", qb, kk[:, :end])
-    ok = jnp.arange(end)[None, :] <= jnp.arange(start, end)[:, None]
+    ok = _visible(start, end, turns, size)
     p = jnp.where(ok, jnp.exp(s - lse[:, :, start:end, None]), 0.0)
     pad = ((0, 0), (0, t - end), (0, 0))
     dv = dv + jnp.pad(jnp.einsum("KGTS,KGTH->KSH", p, dob), pad)
@@ -287,19 +348,24 @@ def _row_backward(q, k, v, o, lse, do):
   )
 
 
-@jax.custom_vjp
-def _row_attention(q, k, v):
-  return _row_attention_fwd(q, k, v)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _row_attention(q, k, v, turns, size):
+  """``turns [B, T]`` (or None) and ``size``: a ``TurnWindow``'s."""
+  return _row_attention_fwd(q, k, v, turns, size)[0]
 
 
-def _row_attention_fwd(q, k, v):
-  o, lse = jax.lax.map(lambda x: _row_forward(*x), (q, k, v))
+def _row_attention_fwd(q, k, v, turns, size):
+  o, lse = jax.lax.map(lambda x: _row_forward(*x, size), (q, k, v, turns))
   o = o.astype(v.dtype)
-  return o, (q, k, v, o, lse)
+  return o, (q, k, v, turns, o, lse)
 
 
-def _row_attention_bwd(res, do):
-  return jax.lax.map(lambda x: _row_backward(*x), (*res, do))
+def _row_attention_bwd(size, res, do):
+  q, k, v, turns, o, lse = res
+  dq, dk, dv = jax.lax.map(
+    lambda x: _row_backward(*x, size), (q, k, v, turns, o, lse, do)
+  )
+  return dq, dk, dv, None
 
 
 _row_attention.defvjp(_row_attention_fwd, _row_attention_bwd)
@@ -310,7 +376,7 @@ _row_attention.defvjp(_row_attention_fwd, _row_attention_bwd)
 
 
 def cached(
-  q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array
+  q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, hidden=None
 ) -> jax.Array:
   """Grouped-query attention against a head-major cache, block by block.
 
@@ -323,14 +389,14 @@ def cached(
     q: ``[B, T, N, H]`` queries.
     k, v: ``[B, K, S, H]`` cached keys and values (``N`` a multiple of K).
     positions: ``[B, T]`` int32; query ``(b, t)`` attends to slots
-      ``<= positions[b, t]``.
+      ``<= positions[b, t]``, except those in ``hidden``'s ``[B, 2]`` span
+      ``[start, end)`` (turns outside a context window; None: none).
 
-  Returns:
-    ``[B, T, N, H]``.
+  Returns ``[B, T, N, H]``.
   """
   b, t, n, h = q.shape
   if t > 1 and platform() == "cpu":
-    return _row_prefill(q, k, v, positions)
+    return _row_prefill(q, k, v, positions, hidden)
   kv, size = k.shape[1], k.shape[2]
   g = n // kv
   blk = min(ATTENTION_BLOCK, size)
@@ -345,7 +411,7 @@ def cached(
     vb = jax.lax.dynamic_slice_in_dim(v, start, blk, axis=2).astype(jnp.float32)
     # A last block that overlaps the previous one must not count twice.
     fresh = start + jnp.arange(blk) >= i * blk
-    s = _block_scores(q, kb, start, positions)
+    s = _block_scores(q, kb, start, positions, hidden)
     s = jnp.where(fresh, s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
     safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
@@ -370,11 +436,15 @@ def cached(
 
 
 def _block_scores(
-  q: jax.Array, kb: jax.Array, start: jax.Array, positions: jax.Array
+  q: jax.Array,
+  kb: jax.Array,
+  start: jax.Array,
+  positions: jax.Array,
+  hidden: jax.Array | None,
 ) -> jax.Array:
   """Scores ``[B, K, G, T, blk]`` of queries ``q [B, T, K, G, H]`` against
   the key block ``kb [B, K, blk, H]`` starting at slot ``start``; -inf
-  past each query's position."""
+  past each query's position and in the row's ``hidden`` span."""
   t, blk = q.shape[1], kb.shape[2]
   if t == 1:
     # One query row: a fused multiply-reduce streams the block once (a
@@ -385,7 +455,14 @@ def _block_scores(
     s = jnp.einsum("BTKGH,BKSH->BKGTS", q, kb)
   slots = start + jnp.arange(blk)
   ok = slots[None, None, :] <= positions[:, :, None]  # [B, T, blk]
+  if hidden is not None:
+    ok = ok & ~_in_span(slots[None, :], hidden)[:, None, :]
   return jnp.where(ok[:, None, None], s, -jnp.inf)
+
+
+def _in_span(slots: jax.Array, span: jax.Array) -> jax.Array:
+  """``slots [..., S]`` within ``span [..., 2]``'s ``[start, end)``."""
+  return (slots >= span[..., :1]) & (slots < span[..., 1:])
 
 
 def _block_values(p: jax.Array, vb: jax.Array) -> jax.Array:
@@ -399,7 +476,11 @@ def _block_values(p: jax.Array, vb: jax.Array) -> jax.Array:
 
 
 def _row_prefill(
-  q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  positions: jax.Array,
+  hidden: jax.Array | None,
 ) -> jax.Array:
   """``cached_attention`` of several queries, one sequence at a time.
 
@@ -412,12 +493,15 @@ def _row_prefill(
   kv = k.shape[1]
 
   def one(x):
-    qr, kr, vr, pr = x  # [T, N, H], [K, S, H], [K, S, H], [T]
+    qr, kr, vr, pr, span = x  # [T, N, H], [K, S, H], [K, S, H], [T], [2]|None
     qq = qr.astype(jnp.float32).reshape(t, kv, n // kv, h).transpose(1, 2, 0, 3)
     s = jnp.einsum("KGTH,KSH->KGTS", qq / math.sqrt(h), kr.astype(jnp.float32))
-    ok = jnp.arange(kr.shape[1])[None, :] <= pr[:, None]
+    slots = jnp.arange(kr.shape[1])
+    ok = slots[None, :] <= pr[:, None]
+    if span is not None:
+      ok = ok & ~_in_span(slots, span)[None, :]
     p = jax.nn.softmax(jnp.where(ok, s, -jnp.inf), axis=-1)
     o = jnp.einsum("KGTS,KSH->KGTH", p, vr.astype(jnp.float32))
     return o.transpose(2, 0, 1, 3).reshape(t, n, h).astype(v.dtype)
 
-  return jax.lax.map(one, (q, k, v, positions))
+  return jax.lax.map(one, (q, k, v, positions, hidden))

@@ -44,6 +44,9 @@ class KVCache:
   k: tuple[jax.Array, ...]  # per layer [B, kv_heads, S, head_dim]
   v: tuple[jax.Array, ...]  # per layer [B, kv_heads, S, head_dim]
   length: jax.Array  # [B] int32, tokens written per sequence
+  # [B, 2] int32: a span [start, end) of slots that calls do not attend to
+  # (turns outside a context window, ``rollout.context_window``); None: all.
+  hidden: jax.Array | None = None
 
   @classmethod
   def init(cls, cfg: ModelConfig, batch: int, size: int) -> KVCache:
@@ -67,6 +70,7 @@ class KVCache:
       k=tuple(grow(x) for x in self.k),
       v=tuple(grow(x) for x in self.v),
       length=jnp.broadcast_to(self.length, (batch,)),
+      hidden=None if self.hidden is None else grow(self.hidden),
     )
 
 
@@ -184,16 +188,19 @@ class Attention(nnx.Module):
     x: jax.Array,  # [B, T, D]
     positions: jax.Array,  # [B, T]
     inv_freq: jax.Array,
-    cache: tuple[jax.Array, jax.Array] | None,
+    cache: tuple[jax.Array, jax.Array, jax.Array | None] | None,
+    window: attention.TurnWindow | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """``cache``: the layer's keys, values and the cache's hidden span;
+    ``window``: the turns each token sees (uncached calls)."""
     q = rope(self.project(x, "q"), positions, inv_freq)
     k = rope(self.project(x, "k"), positions, inv_freq)
     v = self.project(x, "v")
     if cache is None:
-      out = attention.causal(q, k, v, self.implementation)
+      out = attention.causal(q, k, v, self.implementation, window)
       new_cache = None
     else:
-      k_cache, v_cache = cache
+      k_cache, v_cache, hidden = cache
       rows = jnp.arange(k.shape[0])[:, None]
       # Chunk padding past the cache's end is dropped, never clamped onto
       # earlier slots.
@@ -201,7 +208,7 @@ class Attention(nnx.Module):
         new.astype(c.dtype), mode="drop"
       )
       k_cache, v_cache = write(k_cache, k), write(v_cache, v)
-      out = attention.cached(q, k_cache, v_cache, positions)
+      out = attention.cached(q, k_cache, v_cache, positions, hidden)
       new_cache = (k_cache, v_cache)
     o = _weight(self.o, self.dtype)
     return jnp.einsum("BTNH,NHD->BTD", out, o), new_cache
@@ -229,8 +236,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg, rngs)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, positions, inv_freq, cache):
-    h, cache = self.attn(self.attn_norm(x), positions, inv_freq, cache)
+  def __call__(self, x, positions, inv_freq, cache, window=None):
+    h, cache = self.attn(self.attn_norm(x), positions, inv_freq, cache, window)
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), cache
 
@@ -297,6 +304,7 @@ class Transformer(nnx.Module):
     tokens: jax.Array,
     cache: KVCache | None = None,
     num_new: jax.Array | None = None,
+    window: attention.TurnWindow | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Final-norm hidden states ``[B, T, D]`` and the advanced cache.
 
@@ -307,7 +315,14 @@ class Transformer(nnx.Module):
       num_new: int32 ``[B]``, how many of the ``T`` tokens are real (the
         rest is padding); defaults to ``T``. Tokens past the cache's end
         are dropped.
+      window: without a cache, the turns each token sees (a context
+        window); with one, ``cache.hidden`` says which slots are unseen.
     """
+    if window is not None and cache is not None:
+      raise ValueError(
+        "model.hidden: a cached call hides slots by cache.hidden, not by "
+        "a window"
+      )
     cfg = self.cfg
     batch, t = tokens.shape
     start = jnp.zeros((batch,), jnp.int32) if cache is None else cache.length
@@ -323,7 +338,8 @@ class Transformer(nnx.Module):
     if cache is None:
 
       def run(x, layer):
-        x, _ = nnx.merge(block_def, layer)(x, positions, inv_freq, None)
+        block = nnx.merge(block_def, layer)
+        x, _ = block(x, positions, inv_freq, None, window)
         return x, None
 
       if cfg.remat != "none":
@@ -376,12 +392,15 @@ def cached_layers(block_def, layers, x, positions, inv_freq, cache, num_new):
   k, v = [], []
   for i, layer in enumerate(layers):
     block = nnx.merge(block_def, layer)
-    x, (k_i, v_i) = block(x, positions, inv_freq, (cache.k[i], cache.v[i]))
+    layer_cache = (cache.k[i], cache.v[i], cache.hidden)
+    x, (k_i, v_i) = block(x, positions, inv_freq, layer_cache)
     k.append(k_i)
     v.append(v_i)
   if num_new is None:
     num_new = jnp.full(x.shape[:1], x.shape[1], jnp.int32)
-  return x, KVCache(k=tuple(k), v=tuple(v), length=cache.length + num_new)
+  return x, KVCache(
+    k=tuple(k), v=tuple(v), length=cache.length + num_new, hidden=cache.hidden
+  )
 
 
 class Decoding:
