@@ -216,6 +216,8 @@ def _batch(data: dict[str, np.ndarray]) -> batch_lib.Batch:
   zeros = jnp.zeros((mb, gen), jnp.float32)
   return batch_lib.Batch(
     tokens=jnp.asarray(data["tokens"]),
+    # The whole context is seen (rollout.context_window="full").
+    turns=jnp.zeros(data["tokens"].shape, jnp.int32),
     positions=jnp.asarray(data["positions"]),
     mask=jnp.ones((mb, gen), bool),
     old_logp=jnp.asarray(data["old_logp"]),

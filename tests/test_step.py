@@ -230,7 +230,11 @@ def test_value_loss_and_explained_variance_match_numpy(real):
   ret, values = np.asarray(b.returns), np.asarray(b.values)
   loss, stats = jax.jit(
     lambda p: update_lib.critic_objective(
-      p, real.learner.critic_def, b, real.setup.config.algo
+      p,
+      real.learner.critic_def,
+      b,
+      real.setup.config.algo,
+      real.spec.distribution(real.setup.codec),
     )
   )(real.state.critic)
   # At the rollout's own critic the new values are the old ones: no clip.
@@ -262,7 +266,11 @@ def test_the_update_steps_policy_and_critic_downhill(real):
     (lambda p: real.objective(p, real.batch)[0], "policy"),
     (
       lambda p: update_lib.critic_objective(
-        p, real.learner.critic_def, real.batch, real.setup.config.algo
+        p,
+        real.learner.critic_def,
+        real.batch,
+        real.setup.config.algo,
+        real.spec.distribution(real.setup.codec),
       )[0],
       "critic",
     ),
@@ -349,7 +357,7 @@ def test_scoring_within_a_token_budget_gives_the_same_values(real):
 
   def score(spec):
     fn = lambda state, codec: step_lib.score_models(
-      spec, state, codec, tokens, held
+      spec, state, codec, tokens, real.batch.turns, held
     )
     return jax.jit(fn)(real.state, real.setup.codec).values
 

@@ -156,6 +156,7 @@ def _start(
   else:
     rows = jnp.broadcast_to(system, (b, system.shape[0]))
     _, cache = model.hidden(rows, model.init_cache(b, width))
+  cache = _with_hidden_span(cache, cfg)
   zeros = jnp.zeros((b, width), jnp.int32)
   false = jnp.zeros((b,), bool)
   results = codec.tools.budget if codec.tools else 1
@@ -180,8 +181,22 @@ def _start(
     result=jnp.zeros((b, results), jnp.int32),
     result_length=jnp.zeros((b,), jnp.int32),
     results_cut=jnp.zeros((b,), jnp.int32),
+    turn_start=jnp.zeros((b, cfg.max_turns), jnp.int32),
     key=k_sample,
   )
+
+
+def _with_hidden_span(cache: Any, cfg: RolloutConfig) -> Any:
+  """``cache`` with an empty span of hidden slots where the context
+  window hides turns (each turn sets its own: ``turn.hidden_turns``)."""
+  if not cfg.visible_turns:
+    return cache
+  if not hasattr(cache, "hidden"):
+    raise ValueError(
+      f"rollout: context_window={cfg.context_window!r} needs a model whose "
+      "cache can hide slots (KVCache.hidden)"
+    )
+  return cache.replace(hidden=jnp.zeros((cfg.batch, 2), jnp.int32))
 
 
 def rollout(

@@ -52,6 +52,19 @@ class RolloutConfig:
   # TPUs (the copy's memory, and no measured gain there). "off" slices each
   # layer out of the stacked weights at every call.
   layer_buffers: Literal["auto", "on", "off"] = "auto"
+  # What a reply is sampled, scored and trained seeing (RAGEN's
+  # ``context_window_mode``): "full", every turn so far; "limited", the
+  # system prompt and the last ``context_turns`` turns, the current one
+  # included; "single_turn", the system prompt and the current turn. Older
+  # turns stay in the trajectory and the KV cache, masked from attention
+  # (docs/training.md, "Context windows"): the visible tokens keep their
+  # places in the episode, and a visible turn's cached states are those
+  # computed when it was played, which saw its own window; so with
+  # "limited" an older turn still reaches a reply through them, as in
+  # sliding-window attention. "single_turn" sees exactly the system prompt
+  # and the turn's prompt (RAGEN re-renders a shorter prompt instead).
+  context_window: Literal["full", "limited", "single_turn"] = "full"
+  context_turns: int = 3
 
   def __post_init__(self) -> None:
     settings.check(self, "rollout")
@@ -64,6 +77,7 @@ class RolloutConfig:
       "max_actions_per_traj",
       "max_new_tokens",
       "max_context",
+      "context_turns",
     ):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
@@ -86,6 +100,14 @@ class RolloutConfig:
   @property
   def batch(self) -> int:
     return self.env_groups * self.group_size
+
+  @property
+  def visible_turns(self) -> int:
+    """The turns a reply sees, its own included; 0: every one
+    (``context_window``)."""
+    if self.context_window == "full":
+      return 0
+    return 1 if self.context_window == "single_turn" else self.context_turns
 
   @property
   def max_generated(self) -> int:

@@ -42,6 +42,7 @@ class Carry:
   result: jax.Array  # [B, R] a tool's result, for the next observation
   result_length: jax.Array  # [B] its tokens; 0: no result to show
   results_cut: jax.Array  # [B] tool results cut to their budget
+  turn_start: jax.Array  # [B, K] where each turn's prompt begins
   key: jax.Array
 
 
@@ -171,8 +172,11 @@ def prompt(
   fits = start + count + 1 <= length
   active = ~c.done & fits
   ids = jnp.where(jnp.arange(chunk) < count[:, None], turn, -1)
+  cache = c.cache
+  if cfg.visible_turns:
+    cache = cache.replace(hidden=hidden_turns(codec, cfg, c, turn))
   h, cache = prefill(
-    model, cfg, prompt, c.cache, jnp.where(active, count, 0), turn
+    model, cfg, prompt, cache, jnp.where(active, count, 0), turn
   )
   last_h = jnp.take_along_axis(h, jnp.maximum(count - 1, 0)[:, None, None], 1)
   zero = jnp.zeros((b,), jnp.int32)
@@ -200,6 +204,25 @@ def prompt(
       key=c.key,
     ),
   )
+
+
+def hidden_turns(
+  codec: Codec, cfg: RolloutConfig, c: Carry, turn: jax.Array
+) -> jax.Array:
+  """``[B, 2]``: the cache slots turn ``turn`` does not see, those of the
+  turns before the last ``cfg.visible_turns`` (from the system prompt's
+  end to where the first visible turn begins; an empty span while every
+  turn is visible)."""
+  first = turn - cfg.visible_turns + 1
+  system = len(codec.fragments.system)
+  # This turn begins where the context ends; earlier ones were recorded.
+  begins = jnp.where(
+    first == turn,
+    c.cache.length,
+    c.turn_start[:, jnp.clip(first, 0, c.turn_start.shape[1] - 1)],
+  )
+  end = jnp.where(first > 0, begins, system)
+  return jnp.stack([jnp.full_like(end, system), end], axis=1)
 
 
 def observations(
@@ -472,6 +495,7 @@ def end_turn(
     result=result,
     result_length=result_length,
     results_cut=c.results_cut + cut,
+    turn_start=c.turn_start.at[:, turn].set(c.cache.length),
     key=d.key,
   )
   return carry, record(active, d, parsed, a, executed, s)

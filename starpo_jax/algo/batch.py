@@ -74,6 +74,7 @@ class Batch:
   """What the update trains on; ``[B, G]`` unless noted."""
 
   tokens: jax.Array  # [B, L] whole episodes
+  turns: jax.Array  # [B, L] int32 each token's turn (-1: system, padding)
   positions: jax.Array  # [B, G] where the generated tokens are
   mask: jax.Array  # [B, G] bool: generated and kept by the filter
   old_logp: jax.Array

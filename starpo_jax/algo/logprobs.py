@@ -15,6 +15,7 @@ from starpo_jax.agent.rollout import (
   Trajectory,
 )
 from starpo_jax.algo import losses
+from starpo_jax.models.attention import TurnWindow
 
 
 def generated_positions(mask: jax.Array, size: int) -> jax.Array:
@@ -81,12 +82,19 @@ def in_micro_batches(fn: Callable[..., Any], tokens_budget: int):
 
 
 def _before_each(
-  model: Any, tokens: jax.Array, positions: jax.Array
+  model: Any,
+  tokens: jax.Array,
+  positions: jax.Array,
+  window: TurnWindow | None,
 ) -> jax.Array:
   """Hidden states ``[B, G, D]`` that predict the tokens at ``positions``:
   the token at position p is predicted from the hidden state at p - 1.
-  ``positions`` must be ``_within(tokens, ...)``."""
-  h, _ = model.hidden(tokens)
+  ``positions`` must be ``_within(tokens, ...)``; ``window``, of at least
+  ``tokens``' length, hides older turns (cut to that length here)."""
+  if window is None:
+    h, _ = model.hidden(tokens)
+  else:
+    h, _ = model.hidden(tokens, window=window.cut(tokens.shape[1]))
   before = jnp.maximum(positions - 1, 0)
   return jnp.take_along_axis(h, before[..., None], axis=1)
 
@@ -106,6 +114,7 @@ def sequence_logprobs(
   temperature: float,
   allowed: jax.Array | None,
   chunk: int,
+  window: TurnWindow | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Log-probabilities and entropies of the generated tokens.
 
@@ -116,12 +125,14 @@ def sequence_logprobs(
   Args:
     tokens: ``[B, L]``.
     positions: ``[B, G]`` where the generated tokens are.
+    window: the turns each token sees (``Distribution.context``; None:
+      all before it).
 
   Returns:
     ``logp`` and ``entropy``, ``[B, G]``.
   """
   positions = _within(tokens, positions)
-  h_prev = _before_each(model, tokens, positions)
+  h_prev = _before_each(model, tokens, positions, window)
   targets = jnp.take_along_axis(tokens, positions, axis=1)
   b, g, d = h_prev.shape
   chunk = min(chunk, g)
@@ -142,9 +153,13 @@ def sequence_logprobs(
 
 
 def sequence_values(
-  critic: Any, tokens: jax.Array, positions: jax.Array
+  critic: Any,
+  tokens: jax.Array,
+  positions: jax.Array,
+  window: TurnWindow | None = None,
 ) -> jax.Array:
   """The critic's value ``[B, G]`` of the state before each generated
-  token (``tokens [B, L]``, ``positions [B, G]``)."""
+  token (``tokens [B, L]``, ``positions [B, G]``), seeing what the policy
+  saw (``window``)."""
   positions = _within(tokens, positions)
-  return critic.values(_before_each(critic, tokens, positions))
+  return critic.values(_before_each(critic, tokens, positions, window))

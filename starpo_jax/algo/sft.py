@@ -70,6 +70,7 @@ from starpo_jax.algo.logprobs import (
 )
 from starpo_jax.algo.state import TrainState
 from starpo_jax.algo.update import apply_gradients
+from starpo_jax.models.attention import TurnWindow
 
 Expert = Literal["planner", "search", "random_valid", "world_model"]
 
@@ -231,14 +232,16 @@ def imitation_loss(
   allowed: jax.Array | None,
   chunk: int,
   keep: jax.Array,
+  window: TurnWindow | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Mean negative log-likelihood of the expert's reply tokens, in the
-  episodes ``keep [B]`` marks."""
+  episodes ``keep [B]`` marks, each seeing the turns ``window`` shows (as
+  the rollout will)."""
   positions, mask = pack_generated(traj, size)
   mask = mask & keep[:, None]
   model = nnx.merge(policy_def, params)
   logp, _ = sequence_logprobs(
-    model, traj.tokens, positions, temperature, allowed, chunk
+    model, traj.tokens, positions, temperature, allowed, chunk, window
   )
   m = mask.astype(jnp.float32)
   count = jnp.maximum(jnp.sum(m), 1.0)
@@ -276,6 +279,7 @@ def world_model_loss(
   traj: Trajectory,
   chunk: int,
   keep: jax.Array,
+  window: TurnWindow | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Negative log-likelihood of every later turn's prompt (what the
   environment showed after the actions) and of the replies (of the
@@ -296,7 +300,9 @@ def world_model_loss(
   positions = generated_positions(mask, size)
   slots = jnp.arange(size) < jnp.sum(mask, 1)[:, None]
   model = nnx.merge(policy_def, params)
-  logp, _ = sequence_logprobs(model, traj.tokens, positions, 1.0, None, chunk)
+  logp, _ = sequence_logprobs(
+    model, traj.tokens, positions, 1.0, None, chunk, window
+  )
   # Back to token positions, to read the prompts' tokens turn by turn.
   rows = jnp.arange(logp.shape[0])[:, None]
   at = jnp.where(slots, positions, size)
@@ -332,12 +338,16 @@ def _objective(
   temperature: float,
   allowed: jax.Array | None,
   logits_chunk: int,
+  visible_turns: int,
 ):
   """Whether any token trains, and ``params -> (loss, stats)``: the
-  world model's loss for ``expert="world_model"``, else imitation."""
+  world model's loss for ``expert="world_model"``, else imitation; each
+  token seeing the last ``visible_turns`` turns (0: all), as in the
+  rollout."""
+  window = TurnWindow(traj.turn_ids, visible_turns) if visible_turns else None
   if expert == "world_model":
     return jnp.any(traj.loss_mask), lambda p: world_model_loss(
-      p, policy_def, traj, logits_chunk, keep
+      p, policy_def, traj, logits_chunk, keep, window
     )
   return jnp.any(traj.loss_mask & keep[:, None]), lambda p: imitation_loss(
     p,
@@ -348,6 +358,7 @@ def _objective(
     allowed,
     logits_chunk,
     keep,
+    window,
   )
 
 
@@ -418,6 +429,7 @@ def make_sft_step(spec: WarmStartSpec, codec: Codec, mesh: Any = None):
       spec.rollout.temperature,
       codec.allowed,
       spec.logits_chunk,
+      spec.rollout.visible_turns,
     )
     grad_fn = jax.value_and_grad(objective, has_aux=True)
     params, opt, stats, finite = apply_gradients(

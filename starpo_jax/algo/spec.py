@@ -17,16 +17,24 @@ from starpo_jax.algo.config import AlgoConfig
 from starpo_jax.algo.diagnostics import DiagnosticsConfig
 from starpo_jax.algo.filtering import FilterConfig
 from starpo_jax.algo.state import Learner
+from starpo_jax.models.attention import TurnWindow
 
 
 @dataclasses.dataclass(frozen=True)
 class Distribution:
   """The policy's sampling distribution: logits divided by ``temperature``
   (0, greedy, counts as 1) over the ``allowed`` tokens (``[V]`` bool; None:
-  all)."""
+  all), each token seeing the last ``window`` turns (0: all;
+  ``RolloutConfig.visible_turns``)."""
 
   temperature: float
   allowed: jax.Array | None = None
+  window: int = 0
+
+  def context(self, turns: jax.Array) -> TurnWindow | None:
+    """What the tokens of episodes whose turns are ``turns [B, L]`` see
+    (None: everything before them)."""
+    return TurnWindow(turns, self.window) if self.window else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,4 +53,6 @@ class StepSpec:
 
   def distribution(self, codec: Codec) -> Distribution:
     """How the rollout samples with ``codec``'s allowed tokens."""
-    return Distribution(self.rollout.temperature, codec.allowed)
+    return Distribution(
+      self.rollout.temperature, codec.allowed, self.rollout.visible_turns
+    )

@@ -124,11 +124,13 @@ def score_models(
   state: TrainState,
   codec: Codec,
   tokens: jax.Array,
+  turns: jax.Array,
   scored: Scored,
 ) -> Scored:
   """``scored`` with the reference's log-probabilities (and the KL, in the
   rewards if ``algo.kl_in_reward``) and the critic's values on the
-  episodes ``tokens [B, L']`` (``L'`` holding every generated token)."""
+  episodes ``tokens [B, L']`` (``L'`` holding every generated token;
+  ``turns [B, L]``, their tokens' turns, at least as long)."""
   learner, algo, dist = spec.learner, spec.algo, spec.distribution(codec)
   positions, mask = scored.positions, scored.mask
   ref_logp, rewards, values = scored.ref_logp, scored.rewards, scored.values
@@ -139,10 +141,16 @@ def score_models(
       learner.policy_def,
       frozen_base(state.policy) if learner.adapters else state.reference,
     )
-    ref_fn = lambda t, p: sequence_logprobs(
-      reference, t, p, dist.temperature, dist.allowed, algo.logits_chunk
+    ref_fn = lambda t, p, u: sequence_logprobs(
+      reference,
+      t,
+      p,
+      dist.temperature,
+      dist.allowed,
+      algo.logits_chunk,
+      dist.context(u),
     )[0]
-    ref_logp = in_micro_batches(ref_fn, budget)(tokens, positions)
+    ref_logp = in_micro_batches(ref_fn, budget)(tokens, positions, turns)
     ref_logp = jax.lax.stop_gradient(ref_logp)
   kl = losses.kl(scored.old_logp, ref_logp, algo.kl_estimator) * mask
   if algo.uses_reference and algo.kl_in_reward:
@@ -152,8 +160,8 @@ def score_models(
       learner.critic_def,
       joined(state.critic, critic_base(learner, state.policy)),
     )
-    values_fn = lambda t, p: sequence_values(critic, t, p)
-    values = in_micro_batches(values_fn, budget)(tokens, positions)
+    values_fn = lambda t, p, u: sequence_values(critic, t, p, dist.context(u))
+    values = in_micro_batches(values_fn, budget)(tokens, positions, turns)
     values = jax.lax.stop_gradient(values) * mask
   return scored.replace(
     ref_logp=ref_logp, kl=kl, rewards=rewards, values=values
@@ -198,10 +206,15 @@ def select(
 
 
 def make_batch(
-  spec: StepSpec, tokens: jax.Array, scored: Scored, selection: Selection
+  spec: StepSpec,
+  tokens: jax.Array,
+  turns: jax.Array,
+  scored: Scored,
+  selection: Selection,
 ) -> Batch:
   """Advantages over the kept episodes, and everything the update reads.
-  ``tokens [rows, L]`` and ``scored`` hold the selection's rows."""
+  ``tokens``, ``turns`` ``[rows, L]`` and ``scored`` hold the selection's
+  rows."""
   algo, keep = spec.algo, selection.row_keep
   train_mask = scored.mask & keep[:, None]
   group_size = selection.keep.shape[0] // selection.keep_group.shape[0]
@@ -220,6 +233,7 @@ def make_batch(
   scale = filtering.loss_scale(selection.kept_fraction, spec.filter)
   return Batch(
     tokens=tokens,
+    turns=turns,
     positions=scored.positions,
     mask=train_mask,
     old_logp=scored.old_logp,
@@ -263,11 +277,11 @@ def prepare_batch(
   held = held_groups(spec)
   lengths = bucket_lengths(traj.tokens.shape[1], algo.length_buckets)
 
-  def by_models(tokens: jax.Array, scored: Scored, mask: jax.Array):
+  def by_models(tokens, turns, scored: Scored, mask: jax.Array):
     if not (algo.uses_reference or algo.uses_critic):
       return scored
     with jax.named_scope("score"):
-      fn = lambda t: score_models(spec, state, codec, t, scored)
+      fn = lambda t: score_models(spec, state, codec, t, turns, scored)
       return at_length(
         lengths, needed_length(mask, scored.positions), fn, tokens
       )[0]
@@ -276,16 +290,17 @@ def prepare_batch(
     scored = score_rewards(traj, spec.rollout, algo)
   reward_needs_models = algo.uses_reference and algo.kl_in_reward
   if reward_needs_models:
-    scored = by_models(traj.tokens, scored, scored.mask)
+    scored = by_models(traj.tokens, traj.turn_ids, scored, scored.mask)
   with jax.named_scope("select"):
     selection = select(scored, spec.filter, groups, held)
   rows = lambda x: x if held == groups else x[selection.rows]
-  tokens, rows_scored = rows(traj.tokens), jax.tree.map(rows, scored)
+  tokens, turns = rows(traj.tokens), rows(traj.turn_ids)
+  rows_scored = jax.tree.map(rows, scored)
   if not reward_needs_models:
     kept = rows_scored.mask & selection.row_keep[:, None]
-    rows_scored = by_models(tokens, rows_scored, kept)
+    rows_scored = by_models(tokens, turns, rows_scored, kept)
   with jax.named_scope("advantages"):
-    batch = make_batch(spec, tokens, rows_scored, selection)
+    batch = make_batch(spec, tokens, turns, rows_scored, selection)
   return Prepared(traj, scored, selection, rows_scored, constrain(batch))
 
 

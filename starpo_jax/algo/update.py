@@ -56,6 +56,7 @@ def policy_objective(
     dist.temperature,
     dist.allowed,
     algo.logits_chunk,
+    dist.context(batch.turns),
   )
   m = batch.mask
   pg, stats = losses.policy_loss(
@@ -79,11 +80,19 @@ def policy_objective(
 
 
 def critic_objective(
-  params: Any, critic_def: Any, batch: Batch, algo: AlgoConfig
+  params: Any,
+  critic_def: Any,
+  batch: Batch,
+  algo: AlgoConfig,
+  dist: Distribution,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """The clipped value loss on the batch's returns."""
+  """The clipped value loss on the batch's returns (the critic sees what
+  the policy saw: ``dist.context``)."""
   v = sequence_values(
-    nnx.merge(critic_def, params), batch.tokens, batch.positions
+    nnx.merge(critic_def, params),
+    batch.tokens,
+    batch.positions,
+    dist.context(batch.turns),
   )
   loss, clip_frac = losses.value_loss(
     v,
@@ -202,7 +211,7 @@ def _losses(
     joined(p, frozen), learner.policy_def, b, algo, dist
   )
   critic_loss = lambda p, b: critic_objective(
-    joined(p, shared), learner.critic_def, b, algo
+    joined(p, shared), learner.critic_def, b, algo, dist
   )
   return policy_loss, critic_loss
 
