@@ -15,7 +15,8 @@ its JSON file (and, for benchmark rows, which suites):
 ``savings`` renderer gives a line per saving against the defaults.)
 
 Each renderer is the ``table`` function of the command that wrote the
-JSON (``benchmarks.run``, ``benchmarks.phases``, ``benchmarks.tpu_memory``,
+JSON (``benchmarks.run``, ``benchmarks.phases``,
+``benchmarks.context_window``, ``benchmarks.tpu_memory``,
 ``benchmarks.learning_table``, ``benchmarks.zero_shot_table``), so a
 document shows exactly what the command printed. ``tests/test_docs.py``
 fails when a table and its JSON disagree.
@@ -73,6 +74,12 @@ def _phases(data: dict[str, Any]) -> str:
   return phases.table(data["masked"], data["compacted"])
 
 
+def _context_window(data: dict[str, Any]) -> str:
+  from benchmarks import context_window
+
+  return context_window.table(data["rows"])
+
+
 def _tpu_memory(data: list[dict[str, Any]]) -> str:
   from benchmarks import tpu_memory
 
@@ -98,6 +105,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
   "run": _run,
   "savings": _savings,
   "phases": _phases,
+  "context_window": _context_window,
   "tpu_memory": _tpu_memory,
   "learning": _learning,
   "zero_shot": _zero_shot,

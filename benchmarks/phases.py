@@ -144,8 +144,10 @@ def table(before: dict[str, Any], after: dict[str, Any]) -> str:
   )
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(doc: str, argv: list[str] | None):
+  """The command line of a step benchmark (a config, its argument and
+  overrides, ``--repeats``, ``--json``) and the config it names."""
+  parser = argparse.ArgumentParser(description=doc.split("\n")[0])
   parser.add_argument("--config", default="sokoban", help="configs/NAME.py")
   parser.add_argument("--arg", default="", help="the config's argument")
   parser.add_argument(
@@ -154,7 +156,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--json", default="")
   args = parser.parse_args(argv)
-  c = config(args.config, args.arg, args.set)
+  return args, config(args.config, args.arg, args.set)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  args, c = arguments(__doc__, argv)
   played: dict[str, Any] = {}
   print("masked, full length ...", file=sys.stderr, flush=True)
   before = phases(masked(c), args.repeats, played)
