@@ -194,7 +194,7 @@ def _reference_ids(path: str, ref_tok) -> Any:
   encode = lambda t: ref_tok(t, add_special_tokens=False)["input_ids"]
   if not gguf.is_gguf(path):
     return encode
-  f = gguf.GGUFFile(path)
+  f = gguf.open_file(path)
   pre = f.value("tokenizer.ggml.pre", "default")
   kinds = zip(
     f.value("tokenizer.ggml.tokens"),

@@ -17,6 +17,7 @@ metadata (tokens, merges, token types, the pre-tokenizer's name), which
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -218,8 +219,24 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
   return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def open_file(path: str) -> GGUFFile:
+  """``GGUFFile(path)``, opened once per process while the file is
+  unchanged: gguf's reader parses every metadata field when it opens a
+  file (SmolLM2's vocabulary and merges: about 5 s on a 2-core CPU), and a
+  run reads the config, the tokenizer and the weights."""
+  stat = os.stat(path) if os.path.isfile(path) else None
+  key = (stat.st_mtime_ns, stat.st_size) if stat else None
+  return _opened(path, key) if key else GGUFFile(path)
+
+
+@functools.lru_cache(maxsize=2)
+def _opened(path: str, version: tuple[int, int]) -> GGUFFile:
+  del version  # the cache's key: a rewritten file is opened again
+  return GGUFFile(path)
+
+
 def read_config(path: str) -> ModelConfig:
-  return GGUFFile(path).config()
+  return open_file(path).config()
 
 
 def load(
@@ -238,7 +255,7 @@ def load(
     CheckpointError: naming the file and the tensor or metadata key that
       is missing, unexpected, of the wrong shape, or not supported.
   """
-  f = GGUFFile(path)
+  f = open_file(path)
   return hf.load_tensors(
     f.config(),
     f.tensors(),
@@ -260,7 +277,7 @@ def tokenizer(path: str) -> tokenizer_lib.Tokenizer:
     CheckpointError: a tokenizer that is not byte-level BPE, an unknown
       pre-tokenizer, or missing metadata, naming the file and key.
   """
-  f = GGUFFile(path)
+  f = open_file(path)
   kind = f.value("tokenizer.ggml.model")
   if kind != "gpt2":
     raise CheckpointError(

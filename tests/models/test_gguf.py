@@ -187,6 +187,25 @@ def test_a_broken_gguf_fails_naming_the_file_and_what(
   assert "broken.gguf" in str(e.value)
 
 
+def test_an_opened_file_is_read_again_once_rewritten(gguf_file, tmp_path):
+  path = str(tmp_path / "m.gguf")
+  shutil.copy(gguf_file, path)
+  first = gguf.open_file(path)
+  assert gguf.open_file(path) is first  # parsed once
+  _rewrite(
+    gguf_file,
+    path,
+    lambda f, t: f.update(
+      {"llama.feed_forward_length": (96, f["llama.feed_forward_length"][1])}
+    ),
+  )
+  again = gguf.open_file(path)
+  assert again is not first
+  assert again.config().intermediate_size == 96
+  with pytest.raises(hf.CheckpointError, match=r"gate_proj\.weight has shape"):
+    gguf.load(path)
+
+
 def test_a_tokenizer_without_its_merges_is_named(gguf_file, tmp_path):
   path = _rewrite(
     gguf_file,
