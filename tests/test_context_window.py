@@ -27,6 +27,7 @@ from starpo_jax.agent import rollout
 from starpo_jax.algo import logprobs, update
 from starpo_jax.algo.batch import Batch
 from starpo_jax.algo.config import AlgoConfig
+from starpo_jax.algo.experts import ScriptedPolicy
 from starpo_jax.algo.spec import StepSpec
 from starpo_jax.models import attention, hf, presets, transformer
 from tests.text_fixtures import TOKENIZERS
@@ -316,6 +317,30 @@ def test_the_update_scores_each_reply_in_the_context_it_was_sampled_in(
   gap, stats = score(dataclasses.replace(dist, window=0))
   assert gap.max() > 1e-2
   assert abs(float(stats["approx_kl"])) > 1e-4
+
+
+def test_a_script_plays_the_same_episodes_in_every_window():
+  # The warm start's experts (ScriptedPolicy) emit what they emit whatever
+  # they are shown: a window changes none of their episodes.
+  tok = TOKENIZERS["compact"]()
+  env = envs.make("sokoban")
+  replies = [["Up || Left</answer>", "Down</answer>", "Right</answer>"]] * 4
+  rows = [tok.encode("".join(r)) for r in replies]
+  script = ScriptedPolicy(jnp.asarray(rows, jnp.int32), tok.vocab_size)
+  played = {}
+  for mode in ("full", "single_turn"):
+    cfg = dataclasses.replace(CFG, context_window=mode)
+    codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
+    played[mode] = jax.jit(
+      lambda p, c, k, cfg=cfg: rollout.rollout(p, c, env, cfg, k)
+    )(script, codec, jax.random.key(1))
+  for got, want in zip(
+    jax.tree.leaves(played["single_turn"]),
+    jax.tree.leaves(played["full"]),
+    strict=True,
+  ):
+    np.testing.assert_array_equal(got, want)
+  assert np.asarray(played["full"].turn_played).sum() > 4
 
 
 def test_context_window_settings_are_checked():

@@ -39,12 +39,13 @@ from starpo_jax.models.tokenizer import Tokenizer
 class ScriptCache:
   length: jax.Array  # [B] tokens held
   pos: jax.Array  # [B] script tokens emitted
+  # A context window's hidden slots (``KVCache.hidden``), carried only: a
+  # script emits what it emits whatever it is shown.
+  hidden: jax.Array | None = None
 
   def broadcast(self, batch: int) -> ScriptCache:
-    return ScriptCache(
-      jnp.broadcast_to(self.length, (batch,)),
-      jnp.broadcast_to(self.pos, (batch,)),
-    )
+    grow = lambda x: jnp.broadcast_to(x, (batch, *x.shape[1:]))
+    return jax.tree.map(grow, self)
 
 
 @struct.dataclass
@@ -79,7 +80,7 @@ class ScriptedPolicy:
       num_new = jnp.full(tokens.shape[:1], tokens.shape[1], jnp.int32)
     nxt = self._next(cache.pos).astype(jnp.float32)
     h = jnp.broadcast_to(nxt[:, None, None], (*tokens.shape, 1))
-    return h, ScriptCache(cache.length + num_new, cache.pos)
+    return h, cache.replace(length=cache.length + num_new)
 
   def logits(self, h):
     return 50.0 * jax.nn.one_hot(h[..., 0].astype(jnp.int32), self.vocab)
@@ -89,7 +90,9 @@ class ScriptedPolicy:
       num_new = jnp.full(tokens.shape[:1], tokens.shape[1], jnp.int32)
     pos = cache.pos + num_new
     logits = 50.0 * jax.nn.one_hot(self._next(pos), self.vocab)
-    return logits[:, None], ScriptCache(cache.length + num_new, pos)
+    return logits[:, None], cache.replace(
+      length=cache.length + num_new, pos=pos
+    )
 
 
 @struct.dataclass
