@@ -148,11 +148,4 @@ def apply_presets(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
   c.model.preset = model
   c.model.ckpt = args["ckpt"]
   if args["variants"]:
-    named = f"{c.env.name}_variants"
-    if args["variants"] != "ragen" or named not in presets.EVAL_VARIANTS:
-      raise ValueError(
-        f"variants={args['variants']!r}: only RAGEN's validation variants "
-        f"(variants=ragen), which exist for "
-        f"{sorted(n.removesuffix('_variants') for n in presets.EVAL_VARIANTS)}"
-      )
-    presets.apply(c, named)
+    presets.apply(c, presets.variants_preset(c.env.name, args["variants"]))

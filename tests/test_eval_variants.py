@@ -113,3 +113,34 @@ def test_variants_exist_only_where_ragen_has_them():
 
   with pytest.raises(ValueError, match="exist for"):
     bandit.get_config("variants=ragen")
+
+
+def test_evaluate_adds_ragens_variants_to_a_runs_config(tmp_path):
+  from starpo_jax.cli import evaluate as evaluate_cli
+
+  # A run's config.json, written as training writes it, has no variants.
+  c = frozen_lake.get_config(None)
+  run = assembly.parse(c)
+  assert run.env.eval_variants == {}
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump(c.to_dict(), f)
+  saved = assembly.load_config(str(tmp_path))
+  got = evaluate_cli._with_variants(saved, "ragen")
+  assert sorted(got.env.eval_variants) == [
+    "frozen_lake_6x6",
+    "frozen_lake_slippery",
+    "frozen_lake_steady",
+  ]
+  assert (
+    got.env.eval_variants["frozen_lake_6x6"]
+    == (
+      presets.EVAL_VARIANTS["frozen_lake_variants"]["env.eval_variants"][
+        "frozen_lake_6x6"
+      ]
+    )
+  )
+  assert evaluate_cli._with_variants(saved, None) is saved
+  with pytest.raises(SystemExit, match=r"variants='ragen'.*exist for"):
+    evaluate_cli.main(
+      ["evaluate", "--config=configs/bandit.py", "--variants=ragen"]
+    )

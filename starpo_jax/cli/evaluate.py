@@ -7,6 +7,7 @@
     --config=configs/sokoban.py --config.rollout.max_turns=10
   python -m starpo_jax.evaluate \
     --config=configs/frozen_lake.py:model=smollm2-135m   # zero-shot
+  python -m starpo_jax.evaluate --workdir=runs/sokoban --variants=ragen
 
 ``--workdir`` rebuilds the run from the ``config.json`` training wrote
 there; ``--ckpt`` with ``--config`` evaluates a checkpoint under any config
@@ -20,6 +21,9 @@ effective action rates; the random valid player beside it), and per
 environment and temperature every episode as a JSON line
 (``{env}_t{T}.jsonl``: each turn's prompt, reply, executed actions and
 reward) and the first ``--transcripts`` as readable text (``.txt``).
+``--variants=ragen`` evaluates on RAGEN's validation variants of the
+environment as well (``presets.EVAL_VARIANTS``), whatever the run was
+configured with.
 """
 
 from __future__ import annotations
@@ -122,7 +126,33 @@ def _flags():
   flags.DEFINE_integer(
     "transcripts", 8, "Episodes written as readable text.", flag_values=fv
   )
+  flags.DEFINE_string(
+    "variants",
+    None,
+    "ragen: RAGEN's validation variants of the environment as well.",
+    flag_values=fv,
+  )
   return fv
+
+
+def _with_variants(cfg: Any, which: str | None) -> Any:
+  """``cfg`` evaluating ``which`` validation variants as well (None:
+  as it is)."""
+  import dataclasses
+
+  from starpo_jax.run import assembly, presets
+
+  if which is None:
+    return cfg
+  run = assembly.parse(cfg)
+  try:
+    named = presets.variants_preset(run.env.name, which)
+  except ValueError as e:
+    raise assembly.ConfigError(str(e)) from None
+  env = dataclasses.replace(
+    run.env, eval_variants=presets.PRESETS[named]["env.eval_variants"]
+  )
+  return dataclasses.replace(run, env=env)
 
 
 def main(argv: list[str]) -> dict[str, Any]:
@@ -145,6 +175,7 @@ def main(argv: list[str]) -> dict[str, Any]:
       if fv.ckpt is not None:
         raise assembly.ConfigError("--ckpt needs --config")
       cfg = assembly.load_config(source)
+    cfg = _with_variants(cfg, fv.variants)
     summary = evaluator.evaluate_checkpoint(
       cfg,
       source,

@@ -159,6 +159,23 @@ def apply(config: Any, *names: str) -> None:
   config.presets = (*config.presets, *names)
 
 
+def variants_preset(env: str, which: str) -> str:
+  """The preset of ``which`` validation variants of environment ``env``
+  (``variants=ragen``: ``EVAL_VARIANTS``).
+
+  Raises:
+    ValueError: naming what exists, for another name or environment.
+  """
+  named = f"{env}_variants"
+  if which != "ragen" or named not in EVAL_VARIANTS:
+    raise ValueError(
+      f"variants={which!r}: only RAGEN's validation variants "
+      f"(variants=ragen), which exist for "
+      f"{sorted(n.removesuffix('_variants') for n in EVAL_VARIANTS)}"
+    )
+  return named
+
+
 def _value(run: Any, key: str) -> Any:
   section, field = key.split(".")
   return getattr(getattr(run, section), field)
