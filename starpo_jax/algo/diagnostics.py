@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from starpo_jax import settings
+from starpo_jax.agent import mixture
 from starpo_jax.agent.rollout import Trajectory
 from starpo_jax.algo import advantages as adv_lib
 from starpo_jax.algo import filtering, losses
@@ -382,3 +383,36 @@ def step_metrics(
       batch.returns, batch.values, batch.mask
     )
   return metrics
+
+
+def part_metrics(
+  env: Any,
+  traj: Trajectory,
+  scored: Any,
+  selection: Any,
+  group_size: int,
+) -> dict[str, jax.Array]:
+  """Where ``env`` is a ``Mixture``, each part's rollout statistics
+  (``rollout/{tag}/...``: ``summary`` of its episodes and its groups'
+  reward spread) and the share of its groups the filter kept
+  (``filter/{tag}/kept_ratio``); nothing for one environment. The filter
+  ranks the groups of every part together."""
+  if not isinstance(env, mixture.Mixture):
+    return {}
+  out = {}
+  for tag, start, stop in env.rows(group_size):
+    part = mixture.slice_rows(traj, start, stop)
+    for k, v in summary(part, group_size).items():
+      out[f"rollout/{tag}/{k}"] = v
+    groups = slice(start // group_size, stop // group_size)
+    spread = filtering.group_scores(
+      "reward_std",
+      scored.scores[start:stop],
+      scored.lengths[start:stop],
+      scored.episode_entropy[start:stop],
+      groups.stop - groups.start,
+    )
+    out[f"rollout/{tag}/in_group_reward_std"] = jnp.mean(spread)
+    kept = selection.keep_group[groups].astype(jnp.float32)
+    out[f"filter/{tag}/kept_ratio"] = jnp.mean(kept)
+  return out

@@ -13,10 +13,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from starpo_jax.agent import mixture
 from starpo_jax.agent.codec import Codec
-from starpo_jax.agent.rollout import (
-  context_needed,
-)
+from starpo_jax.agent.rollout import context_needed
 from starpo_jax.algo import diagnostics, filtering
 from starpo_jax.algo.batch import Batch, Prepared
 from starpo_jax.algo.config import AlgoConfig
@@ -115,6 +114,37 @@ def gradient_split(
   return out
 
 
+def _collapse(spec, codec, p: Prepared, logp_fn, phase) -> dict:
+  """The collapse diagnostics of the rollout ``p`` when ``phase`` is 0;
+  of each part of a ``Mixture`` on its own (``collapse/{tag}/...``: the
+  parts' prompts differ by environment, which says nothing of
+  collapse)."""
+  cfg, when = spec.rollout, phase == 0
+  if not isinstance(spec.env, mixture.Mixture):
+    context = context_needed(codec, cfg, 1)
+    return diagnostics.collapse(
+      logp_fn, p.traj, cfg.env_groups, cfg.max_new_tokens, context, when
+    )
+  out = {}
+  rows = spec.env.rows(cfg.group_size)
+  for (tag, start, stop), part, c in zip(
+    rows, spec.env.parts, codec.parts, strict=True
+  ):
+    traj = mixture.slice_rows(p.traj, start, stop)
+    found = diagnostics.collapse(
+      logp_fn,
+      traj,
+      part.groups,
+      cfg.max_new_tokens,
+      context_needed(c, cfg, 1),
+      when,
+    )
+    for k, v in found.items():
+      section, name = k.split("/", 1)
+      out[f"{section}/{tag}/{name}"] = v
+  return out
+
+
 def diagnose(
   spec: StepSpec, state: TrainState, codec: Codec, p: Prepared
 ) -> dict[str, jax.Array]:
@@ -137,16 +167,7 @@ def diagnose(
     )[0]
     # Each prompt's scoring within the update's token budget.
     logp_fn = in_micro_batches(logp_fn, spec.algo.micro_batch_tokens)
-    out.update(
-      diagnostics.collapse(
-        logp_fn,
-        p.traj,
-        rollout_cfg.env_groups,
-        rollout_cfg.max_new_tokens,
-        context_needed(codec, rollout_cfg, 1),
-        number % cfg.collapse_every == 0,
-      )
-    )
+    out.update(_collapse(spec, codec, p, logp_fn, number % cfg.collapse_every))
   if cfg.gradients_every:
     sc = p.scored
     group_std = filtering.group_scores(

@@ -45,6 +45,8 @@ follow from the policy they leave, with a fresh optimizer state.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from typing import Any, Literal
 
 import jax
@@ -54,6 +56,7 @@ from flax import nnx
 
 import envs
 from starpo_jax import settings, sharding
+from starpo_jax.agent import mixture
 from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.agent.codec import Codec
 from starpo_jax.agent.rollout import RolloutConfig, Trajectory
@@ -141,10 +144,17 @@ def episodes_config(
     temperature=0.0,
     max_turns=turns,
     max_context=min(
-      rollout_cfg.max_context,
-      rollout_lib.context_needed(codec, rollout_cfg, turns),
+      rollout_cfg.max_context, _needed(codec, rollout_cfg, turns)
     ),
   )
+
+
+def _needed(codec: Any, cfg: RolloutConfig, turns: int) -> int:
+  """The context ``turns`` turns need (of every part, for a
+  ``MixedCodec``)."""
+  if isinstance(codec, mixture.MixedCodec):
+    return codec.context_needed(cfg, turns)
+  return rollout_lib.context_needed(codec, cfg, turns)
 
 
 def check(
@@ -366,21 +376,22 @@ def _objective(
 class WarmStartSpec:
   """The static pieces of the warm-start step (as ``StepSpec`` is the RL
   step's): the environment whose experts it imitates (an environment
-  ``envs.batched`` takes; the warm start needs a jittable one), how
-  episodes are played (``rollout``), its own settings (``sft``), the
-  policy's definition and optimizer, the replies the script spells, and
-  the logits' chunk (``algo.logits_chunk``)."""
+  ``envs.batched`` takes; the warm start needs a jittable one; or a
+  ``Mixture`` of them), how episodes are played (``rollout``), its own
+  settings (``sft``), the policy's definition and optimizer, the replies
+  the script spells (a tuple, a part's each, for a ``Mixture``), and the
+  logits' chunk (``algo.logits_chunk``)."""
 
   env: Any
   rollout: RolloutConfig
   sft: SftConfig
   policy_def: Any
   tx: optax.GradientTransformation
-  replies: Replies
+  replies: Replies | tuple[Replies, ...]
   logits_chunk: int
 
 
-def make_sft_step(spec: WarmStartSpec, codec: Codec, mesh: Any = None):
+def make_sft_step(spec: WarmStartSpec, codec: Any, mesh: Any = None):
   """Builds ``step(state, codec) -> (state, metrics)`` (jit it), one
   supervised update of the policy on new expert episodes.
 
@@ -388,36 +399,30 @@ def make_sft_step(spec: WarmStartSpec, codec: Codec, mesh: Any = None):
     codec: the host's codec (its static sizes fix the context); the step
       takes the codec as an argument like the RL step.
   """
-  sft_cfg, think = spec.sft, spec.rollout.enable_think
+  sft_cfg = spec.sft
   cfg = episodes_config(spec.rollout, sft_cfg, codec)
-  check(spec.env, cfg, spec.replies, sft_cfg.expert, sft_cfg.reasoning_tokens)
-  env = envs.batched(spec.env).jittable
-  on_batch = sharding.batch_constraint(mesh, cfg.batch)
+  parts = warm_parts(spec.env, spec.replies, cfg)
+  for env, replies, part_cfg in parts:
+    check(env, part_cfg, replies, sft_cfg.expert, sft_cfg.reasoning_tokens)
+  sizes = {cfg.batch} | {part_cfg.batch for _, _, part_cfg in parts}
+  constraints = [sharding.batch_constraint(mesh, n) for n in sizes]
+  on_batch = lambda tree: functools.reduce(lambda t, f: f(t), constraints, tree)
 
-  def step(state: TrainState, codec: Codec):
+  def step(state: TrainState, codec: Any):
     key = jax.random.fold_in(state.key, state.step)
-    reasoning = None
-    if think:
-      reasoning = own_reasoning(
-        nnx.merge(spec.policy_def, state.reference),
-        codec,
-        env,
-        cfg,
-        key,
-        sft_cfg.reasoning_tokens,
-        spec.rollout.temperature,
+    codecs = codec.parts if len(parts) > 1 else (codec,)
+    played = [
+      _expert_episodes(
+        spec,
+        state,
+        c,
+        jax.random.fold_in(key, i) if len(parts) > 1 else key,
+        part,
+        on_batch,
       )
-    traj, found = expert_trajectories(
-      env,
-      codec,
-      spec.replies,
-      cfg,
-      key,
-      on_batch,
-      sft_cfg.expert,
-      sft_cfg.search_tries,
-      reasoning,
-    )
+      for i, (c, part) in enumerate(zip(codecs, parts, strict=True))
+    ]
+    traj, found, reasoning = mixture.join(played)
     keep = traj.success if sft_cfg.keep == "successes" else traj.length > 0
     keep = keep & found
     live, objective = _objective(
@@ -438,6 +443,61 @@ def make_sft_step(spec: WarmStartSpec, codec: Codec, mesh: Any = None):
     return _updated(state, params, opt, finite, stats, traj, keep, reasoning)
 
   return sharding.traced_for(mesh, step)
+
+
+def warm_parts(
+  env: Any, replies: Any, cfg: RolloutConfig
+) -> list[tuple[Any, Replies, RolloutConfig]]:
+  """The environments the warm start plays, with their replies and
+  settings: ``env`` with ``cfg``, or each part of a ``Mixture`` (its
+  ``replies`` a tuple in the parts' order) with ``sft.episodes`` shared
+  in proportion to the parts' groups."""
+  if not isinstance(env, mixture.Mixture):
+    return [(env, replies, cfg)]
+  out = []
+  for part, part_replies in zip(env.parts, replies, strict=True):
+    episodes, left = divmod(cfg.env_groups * part.groups, env.groups)
+    unit = env.groups // math.gcd(env.groups, part.groups)
+    if left or not episodes:
+      raise ValueError(
+        f"sft: episodes={cfg.env_groups} cannot be shared among the "
+        f"mixture's parts in proportion to their groups ({env.describe()}): "
+        f"choose a multiple of {unit}"
+      )
+    part_cfg = dataclasses.replace(cfg, env_groups=episodes)
+    out.append((part.env, part_replies, part_cfg))
+  return out
+
+
+def _expert_episodes(spec, state, codec, key, part, on_batch):
+  """One environment's expert episodes (``expert_trajectories``), whether
+  the expert had actions for each, and, in think mode, the policy's own
+  reasoning they open with (else None)."""
+  env, replies, cfg = part
+  env = envs.batched(env).jittable
+  reasoning = None
+  if spec.rollout.enable_think:
+    reasoning = own_reasoning(
+      nnx.merge(spec.policy_def, state.reference),
+      codec,
+      env,
+      cfg,
+      key,
+      spec.sft.reasoning_tokens,
+      spec.rollout.temperature,
+    )
+  traj, found = expert_trajectories(
+    env,
+    codec,
+    replies,
+    cfg,
+    key,
+    on_batch,
+    spec.sft.expert,
+    spec.sft.search_tries,
+    reasoning,
+  )
+  return traj, found, reasoning
 
 
 def _updated(state, params, opt, finite, stats, traj, keep, reasoning):

@@ -7,11 +7,12 @@ log-probability of the update must be taken under.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 
-from envs import Env
 from starpo_jax.agent.codec import Codec
+from starpo_jax.agent.mixture import MixedCodec
 from starpo_jax.agent.rollout import RolloutConfig
 from starpo_jax.algo.config import AlgoConfig
 from starpo_jax.algo.diagnostics import DiagnosticsConfig
@@ -42,16 +43,17 @@ class StepSpec:
   """The static pieces of the RL step: the environment it plays, how it
   plays (``rollout``), what it optimizes (``algo``), which groups it keeps
   (``filter``), the models' definitions and optimizers (``learner``), and
-  the periodic diagnostics (None: none)."""
+  the periodic diagnostics (None: none). ``env``: an environment
+  ``envs.batched`` takes, or an ``agent.mixture.Mixture``."""
 
-  env: Env
+  env: Any
   rollout: RolloutConfig
   algo: AlgoConfig
   filter: FilterConfig
   learner: Learner
   diagnostics: DiagnosticsConfig | None = None
 
-  def distribution(self, codec: Codec) -> Distribution:
+  def distribution(self, codec: Codec | MixedCodec) -> Distribution:
     """How the rollout samples with ``codec``'s allowed tokens."""
     return Distribution(
       self.rollout.temperature, codec.allowed, self.rollout.visible_turns

@@ -16,6 +16,7 @@ uninterrupted one would.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -24,12 +25,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from starpo_jax import sharding
+from starpo_jax.agent import mixture
 from starpo_jax.agent.codec import Codec
-from starpo_jax.agent.rollout import (
-  RolloutConfig,
-  Trajectory,
-  rollout,
-)
+from starpo_jax.agent.rollout import RolloutConfig, Trajectory
 from starpo_jax.algo import advantages as adv_lib
 from starpo_jax.algo import diagnostics, filtering, losses
 from starpo_jax.algo.batch import (
@@ -90,10 +88,10 @@ def collect(
   constrain: Callable[[Any], Any] = lambda tree: tree,
 ) -> Trajectory:
   """Plays ``rollout.batch`` episodes with the current policy (no
-  gradient)."""
+  gradient), of every part where the environment is a ``Mixture``."""
   policy = nnx.merge(spec.learner.policy_def, state.policy)
   return jax.lax.stop_gradient(
-    rollout(policy, codec, spec.env, spec.rollout, key, constrain)
+    mixture.play(policy, codec, spec.env, spec.rollout, key, constrain)
   )
 
 
@@ -304,6 +302,17 @@ def prepare_batch(
   return Prepared(traj, scored, selection, rows_scored, constrain(batch))
 
 
+def part_sizes(spec: StepSpec) -> set[int]:
+  """The batch sizes the rollout plays apart: a chunk's, and each part's
+  (and its chunk's) where the environment is a ``Mixture``."""
+  cfg = spec.rollout
+  sizes = {cfg.batch // cfg.chunks}
+  if isinstance(spec.env, mixture.Mixture):
+    for part in spec.env.configs(cfg):
+      sizes |= {part.batch, part.batch // part.chunks}
+  return sizes
+
+
 def step_keys(state: TrainState) -> tuple[jax.Array, jax.Array]:
   """The rollout key and the minibatch-shuffling key of ``state.step``."""
   k_roll, k_perm = jax.random.split(jax.random.fold_in(state.key, state.step))
@@ -328,7 +337,8 @@ def make_step(spec: StepSpec, mesh: Any = None):
     )
   held = held_groups(spec) * spec.rollout.group_size
   on_rollout = sharding.batch_constraint(mesh, b)
-  on_part = sharding.batch_constraint(mesh, b // spec.rollout.chunks)
+  parts = [sharding.batch_constraint(mesh, n) for n in part_sizes(spec)]
+  on_part = lambda tree: functools.reduce(lambda t, f: f(t), parts, tree)
   on_held = sharding.batch_constraint(mesh, held)
   on_batch = lambda tree: on_held(on_part(on_rollout(tree)))
   on_minibatch = sharding.batch_constraint(mesh, b // algo.minibatches)
@@ -353,6 +363,11 @@ def make_step(spec: StepSpec, mesh: Any = None):
         stats,
         spec.rollout.group_size,
         algo,
+      )
+      metrics.update(
+        diagnostics.part_metrics(
+          spec.env, p.traj, p.scored, p.selection, spec.rollout.group_size
+        )
       )
     metrics["train/nonfinite_streak"] = new_state.nonfinite.astype(jnp.float32)
     if spec.diagnostics is not None:

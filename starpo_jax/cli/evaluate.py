@@ -146,12 +146,14 @@ def _with_variants(cfg: Any, which: str | None) -> Any:
     return cfg
   run = assembly.parse(cfg)
   try:
-    named = presets.variants_preset(run.env.name, which)
+    if run.env.mixture:
+      variants = presets.mixture_variants(run.env.mixture, which)
+    else:
+      named = presets.variants_preset(run.env.name, which)
+      variants = presets.PRESETS[named]["env.eval_variants"]
   except ValueError as e:
     raise assembly.ConfigError(str(e)) from None
-  env = dataclasses.replace(
-    run.env, eval_variants=presets.PRESETS[named]["env.eval_variants"]
-  )
+  env = dataclasses.replace(run.env, eval_variants=variants)
   return dataclasses.replace(run, env=env)
 
 

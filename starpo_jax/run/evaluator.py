@@ -26,6 +26,7 @@ from flax import nnx
 from envs import batched
 from starpo_jax import sharding
 from starpo_jax.agent import rollout as rollout_lib
+from starpo_jax.agent.mixture import Mixture
 from starpo_jax.algo import diagnostics
 from starpo_jax.algo.state import Learner
 from starpo_jax.models.tokenizer import Tokenizer
@@ -138,7 +139,10 @@ class Evaluator:
   are named ``{env}/{stat}`` at the first temperature and
   ``{env}/{stat}@t{T}`` at the others; success comes with its 95% Wilson
   interval (``success_lo``, ``success_hi``), and ``{env}/random_success``
-  is a random valid player on the same levels.
+  is a random valid player on the same levels. ``pooled`` names the
+  environments (a mixture's parts) whose episodes together make the
+  ``eval/success`` (with its interval) and ``eval/random_success`` of a
+  run with no single ``eval`` environment.
   """
 
   def __init__(
@@ -155,7 +159,9 @@ class Evaluator:
     transcripts: bool,
     mesh: Any = None,
     samples: int = 1,
+    pooled: tuple[str, ...] = (),
   ) -> None:
+    self.pooled = pooled
     self.temperatures = tuple(float(t) for t in temperatures)
     self.tokenizer, self.transcripts = tokenizer, transcripts
     self.samples = samples
@@ -233,7 +239,8 @@ class Evaluator:
     self, params: Any, report: Callable[[str], None] | None = None
   ) -> tuple[dict[str, float], dict[str, str]]:
     metrics, transcripts = {}, {}
-    for (name, t), traj in self.trajectories(params, report).items():
+    played = self.trajectories(params, report)
+    for (name, t), traj in played.items():
       suffix = "" if t == self.temperatures[0] else f"@t{t:g}"
       for k, v in self.stats(traj).items():
         metrics[f"{name}/{k}{suffix}"] = v
@@ -249,7 +256,27 @@ class Evaluator:
     for name, stats in self.random.items():
       for k, v in stats.items():
         metrics[f"{name}/random_{k}"] = v
+    metrics.update(self._pool(played))
     return metrics, transcripts
+
+  def _pool(self, played: dict[tuple[str, float], Any]) -> dict[str, float]:
+    """``eval/success`` (and its interval, at each temperature) and
+    ``eval/random_success`` over the ``pooled`` environments' episodes."""
+    if not self.pooled:
+      return {}
+    out = {}
+    for t in self.temperatures:
+      suffix = "" if t == self.temperatures[0] else f"@t{t:g}"
+      wins = np.concatenate([played[(n, t)].success for n in self.pooled])
+      out.update({f"eval/{k}{suffix}": v for k, v in _rate(wins).items()})
+    counts = [
+      (self.random[n]["success"], played[(n, self.temperatures[0])].success)
+      for n in self.pooled
+    ]
+    total = sum(rate * ok.size for rate, ok in counts)
+    n = sum(ok.size for _, ok in counts)
+    out["eval/random_success"] = total / max(n, 1)
+    return out
 
 
 def _rate(success: np.ndarray) -> dict[str, float]:
@@ -419,4 +446,5 @@ def make_evaluator(
     transcripts=pick(transcripts, t.transcripts),
     mesh=setup.mesh,
     samples=samples,
+    pooled=setup.env.tags if isinstance(setup.env, Mixture) else (),
   )

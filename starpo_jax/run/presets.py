@@ -176,6 +176,29 @@ def variants_preset(env: str, which: str) -> str:
   return named
 
 
+def mixture_variants(parts: dict[str, Any], which: str) -> dict[str, Any]:
+  """``which`` validation variants (``variants_preset``) of every
+  environment of a mixture (``env.mixture``: tag -> {env, groups,
+  settings}), each naming its environment and taking the settings of the
+  first part that plays it.
+
+  Raises:
+    ValueError: as ``variants_preset`` does, for a part's environment.
+  """
+  out: dict[str, Any] = {}
+  seen = set()
+  for entry in parts.values():
+    settings = {k: v for k, v in entry.items() if k not in ("env", "groups")}
+    name = entry["env"]
+    if name in seen:
+      continue
+    seen.add(name)
+    preset = PRESETS[variants_preset(name, which)]["env.eval_variants"]
+    for tag, overrides in preset.items():
+      out[tag] = {"env": name, **settings, **overrides}
+  return out
+
+
 def _value(run: Any, key: str) -> Any:
   section, field = key.split(".")
   return getattr(getattr(run, section), field)

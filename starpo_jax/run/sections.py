@@ -40,6 +40,13 @@ class EnvConfig:
   # override the training environment's, or, with ``env``, name another
   # registered environment built from the rest alone.
   eval_variants: dict = dataclasses.field(default_factory=dict)
+  # Several environments in one run (RAGEN's es_manager tags): tag ->
+  # {"env": NAME, "groups": N, ...NAME's settings}, played in their tags'
+  # order along the batch (a config's dict keeps its keys sorted;
+  # ``agent/mixture.py``); rollout.env_groups is then the
+  # sum of the groups, and each part is evaluated by its tag (``eval`` pools
+  # them). Empty: the one environment ``name`` with ``kwargs``.
+  mixture: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self) -> None:
     settings.check(self, "env")

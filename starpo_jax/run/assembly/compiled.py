@@ -9,11 +9,10 @@ import jax.numpy as jnp
 
 from starpo_jax import sharding
 from starpo_jax.algo import sft
-from starpo_jax.algo.experts import Replies
 from starpo_jax.algo.spec import StepSpec
 from starpo_jax.algo.state import CRITIC_OWN, Learner, TrainState, trainable
 from starpo_jax.algo.step import make_step
-from starpo_jax.run.assembly.setup import Setup
+from starpo_jax.run.assembly.setup import Setup, warm_start_replies
 from starpo_jax.run.assembly.state import (
   abstract_model,
   keeps_reference,
@@ -104,8 +103,8 @@ def compile_sft_step(setup: Setup, state: TrainState, learner: Learner):
     sft=setup.config.sft,
     policy_def=learner.policy_def,
     tx=sft_optimizer(setup),
-    replies=Replies.build(
-      setup.tokenizer, setup.env.spec, setup.config.rollout.enable_think
+    replies=warm_start_replies(
+      setup.tokenizer, setup.env, setup.config.rollout.enable_think
     ),
     logits_chunk=setup.config.algo.logits_chunk,
   )

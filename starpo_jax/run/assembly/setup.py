@@ -13,6 +13,7 @@ from typing import Any
 import envs
 from starpo_jax import sharding
 from starpo_jax.agent import codec as codec_lib
+from starpo_jax.agent import mixture
 from starpo_jax.agent import prompt as prompt_lib
 from starpo_jax.algo import sft
 from starpo_jax.algo.experts import Replies
@@ -30,14 +31,14 @@ class Setup:
   config, and what the config resolves to."""
 
   config: RunConfig
-  env: envs.BatchEnv
+  env: envs.BatchEnv | mixture.Mixture
   eval_envs: dict[str, envs.BatchEnv]
   tokenizer: tokenizer_lib.Tokenizer
   model_cfg: ModelConfig
   # The weights' checkpoint: model.ckpt, or the file of a packaged preset
   # (checkpoints.PACKAGED); "" for random weights.
   ckpt: str
-  codec: codec_lib.Codec
+  codec: codec_lib.Codec | mixture.MixedCodec
   eval_codecs: dict[str, codec_lib.Codec]
   mesh: Any
 
@@ -56,7 +57,7 @@ def build(config: Any, shapes_only: bool = False, devices: Any = None) -> Setup:
   prompt = run.rollout.prompt_settings()
   ckpt = _checkpoint(run.model)
   tok = _tokenizer(
-    run.model, ckpt, [env, *eval_envs.values()], prompt, shapes_only
+    run.model, ckpt, [*_parts(env), *eval_envs.values()], prompt, shapes_only
   )
   # Python environments tokenize their observations on the host; on a
   # mesh, each process steps the episodes of its own batch shards.
@@ -66,7 +67,10 @@ def build(config: Any, shapes_only: bool = False, devices: Any = None) -> Setup:
   codec_of = lambda e: codec_lib.Codec.build(
     tok, e.spec, prompt, model_cfg.vocab_size, sharding.BATCH
   )
-  codec = codec_of(env)
+  if isinstance(env, mixture.Mixture):
+    codec = mixture.MixedCodec.build(tuple(codec_of(e) for e in _parts(env)))
+  else:
+    codec = codec_of(env)
   try:
     mesh = sharding.make_mesh(run.mesh.shape, devices)
   except ValueError as e:
@@ -85,18 +89,40 @@ def build(config: Any, shapes_only: bool = False, devices: Any = None) -> Setup:
   )
 
 
-def _check_shapes(run: RunConfig, env: envs.BatchEnv) -> None:
-  """Raises ConfigError for a batch the minibatches do not divide, or
-  tools with no turn to read their results."""
+def _parts(env: Any) -> list[envs.BatchEnv]:
+  """The environments the run trains on: a ``Mixture``'s parts, or
+  ``env``."""
+  if isinstance(env, mixture.Mixture):
+    return [p.env for p in env.parts]
+  return [env]
+
+
+def warm_start_replies(tok, env: Any, think: bool) -> Any:
+  """The replies the warm start's scripts spell: ``env``'s, or a tuple of
+  a ``Mixture``'s parts'."""
+  replies = [Replies.build(tok, e.spec, think) for e in _parts(env)]
+  return tuple(replies) if isinstance(env, mixture.Mixture) else replies[0]
+
+
+def _check_shapes(run: RunConfig, env: Any) -> None:
+  """Raises ConfigError for a batch the minibatches do not divide, a
+  mixture whose groups are not the rollout's, or tools with no turn to
+  read their results."""
   rollout, algo = run.rollout, run.algo
+  if isinstance(env, mixture.Mixture):
+    try:
+      env.configs(rollout)
+    except ValueError as e:
+      raise ConfigError(f"config.{e}: set rollout.env_groups") from None
   if rollout.batch % algo.minibatches:
     raise ConfigError(
       f"config.algo.minibatches={algo.minibatches} must divide the "
       f"{rollout.batch} episodes (rollout.env_groups x rollout.group_size)"
     )
-  if env.spec.tools and rollout.max_turns < 2:
+  tools = [t for e in _parts(env) for t in e.spec.tools]
+  if tools and rollout.max_turns < 2:
     raise ConfigError(
-      f"config.env.kwargs.tools={','.join(env.spec.tools)!r}: a tool's "
+      f"config.env.kwargs.tools={','.join(tools)!r}: a tool's "
       "result comes back in the next turn, so rollout.max_turns="
       f"{rollout.max_turns} leaves no turn to read it; set it to 2 or more"
     )
@@ -107,13 +133,13 @@ def _check_warm_start(run: RunConfig, env, tok, codec) -> None:
   if not run.sft.steps:
     return
   try:
-    sft.check(
+    parts = sft.warm_parts(
       env,
+      warm_start_replies(tok, env, run.rollout.enable_think),
       sft.episodes_config(run.rollout, run.sft, codec),
-      Replies.build(tok, env.spec, run.rollout.enable_think),
-      run.sft.expert,
-      run.sft.reasoning_tokens,
     )
+    for part, replies, cfg in parts:
+      sft.check(part, cfg, replies, run.sft.expert, run.sft.reasoning_tokens)
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
 
@@ -125,32 +151,67 @@ def _environments(c: EnvConfig) -> tuple[Any, dict[str, Any]]:
   """The training environment and the evaluation ones by name: ``eval``
   with ``env.eval_kwargs`` applied, when those change anything the
   training environment again as ``eval_train_env``, then each of
-  ``env.eval_variants`` by its tag."""
-  try:
-    env = envs.batched(envs.make(c.name, **c.kwargs))
-    held_out = envs.make(c.name, **{**c.kwargs, **c.eval_kwargs})
-  except ValueError as e:
-    raise ConfigError(f"config.env: {e}") from None
-  eval_envs = {"eval": envs.batched(held_out)}
-  if c.eval_kwargs:
-    eval_envs["eval_train_env"] = env
+  ``env.eval_variants`` by its tag. With ``env.mixture``, a ``Mixture``,
+  evaluated part by part under each part's tag."""
+  if c.mixture:
+    env = _mixture(c)
+    eval_envs = {p.tag: p.env for p in env.parts}
+  else:
+    try:
+      env = envs.batched(envs.make(c.name, **c.kwargs))
+      held_out = envs.make(c.name, **{**c.kwargs, **c.eval_kwargs})
+    except ValueError as e:
+      raise ConfigError(f"config.env: {e}") from None
+    eval_envs = {"eval": envs.batched(held_out)}
+    if c.eval_kwargs:
+      eval_envs["eval_train_env"] = env
   for tag, overrides in c.eval_variants.items():
     where = f"config.env.eval_variants.{tag}"
-    if not _TAG.fullmatch(tag) or tag in eval_envs:
-      raise ConfigError(
-        f"{where}: a tag is lower-case letters, digits and underscores, "
-        f"and not one of {sorted(eval_envs)}"
-      )
+    _check_tag(tag, where, eval_envs)
     overrides = dict(overrides)
     name = overrides.pop("env", c.name)
     kwargs = overrides
-    if name == c.name:
+    if name == c.name and not c.mixture:
       kwargs = {**c.kwargs, **c.eval_kwargs, **overrides}
     try:
       eval_envs[tag] = envs.batched(envs.make(name, **kwargs))
     except ValueError as e:
       raise ConfigError(f"{where}: {e}") from None
   return env, eval_envs
+
+
+def _check_tag(tag: str, where: str, taken: Any) -> None:
+  if not _TAG.fullmatch(tag) or tag in taken or tag == "eval":
+    raise ConfigError(
+      f"{where}: a tag is lower-case letters, digits and underscores, "
+      f"and not one of {sorted({'eval', *taken})}"
+    )
+
+
+def _mixture(c: EnvConfig) -> mixture.Mixture:
+  """``env.mixture``'s parts, each built by ``envs.make``."""
+  if c.kwargs or c.eval_kwargs:
+    raise ConfigError(
+      "config.env.mixture: each part carries its own settings; "
+      "env.kwargs and env.eval_kwargs must be empty"
+    )
+  parts = []
+  for tag, entry in c.mixture.items():
+    where = f"config.env.mixture.{tag}"
+    _check_tag(tag, where, [p.tag for p in parts])
+    kwargs = dict(entry)
+    name, groups = kwargs.pop("env", None), kwargs.pop("groups", None)
+    if not isinstance(name, str) or not isinstance(groups, int) or groups < 1:
+      raise ConfigError(
+        f"{where}: needs env (a registered name) and groups (an int >= 1), "
+        f"got env={name!r}, groups={groups!r}"
+      )
+    try:
+      env = envs.batched(envs.make(name, **kwargs))
+    except ValueError as e:
+      raise ConfigError(f"{where}: {e}") from None
+    parts.append(mixture.Part(tag, env, groups))
+  return mixture.Mixture(tuple(parts))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,159 @@
+"""Several environments in one run (``agent/mixture.py``): a mixture's
+rollout is each environment's own rollout, part by part, two jittable
+environments and a Python one; its per-environment metrics are those a
+plain-Python count over each part's episodes gives; the compiled step
+runs on the mixture once compiled; bad mixtures are refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import mixture as mixture_config
+from starpo_jax.agent import mixture
+from starpo_jax.agent.rollout import rollout
+from starpo_jax.algo import diagnostics
+from starpo_jax.algo.step import collect, step_keys
+from starpo_jax.run import assembly
+
+PARTS = {
+  "sokoban": {"env": "sokoban", "groups": 2},
+  "frozen_lake": {"env": "frozen_lake", "groups": 1, "success_rate": 1.0},
+  "gym": {"env": "gym_sokoban", "groups": 1, "levels": "sokoban"},
+}
+
+
+def small(parts=PARTS, groups=4):
+  c = mixture_config.get_config()
+  c.env.mixture = parts
+  c.rollout.env_groups = groups
+  c.rollout.group_size = 2
+  c.rollout.max_turns = 2
+  c.algo.minibatches = 1
+  c.sft.steps = 0
+  return c
+
+
+@pytest.fixture(scope="module")
+def built():
+  setup = assembly.build(small())
+  learner = assembly.make_learner(setup)
+  state = assembly.init_state(setup, learner)
+  return setup, learner, state
+
+
+def test_a_mixture_plays_each_environment_as_its_own_rollout(built):
+  setup, learner, state = built
+  mix, cfg = setup.env, setup.config.rollout
+  assert mix.tags == ("frozen_lake", "gym", "sokoban")  # the tags' order
+  model = nnx.merge(learner.policy_def, state.policy)
+  key = jax.random.key(3)
+  mixed = mixture.play(model, setup.codec, mix, cfg, key)
+  rows = mix.rows(cfg.group_size)
+  assert [r[1:] for r in rows] == [(0, 2), (2, 4), (4, 8)]
+  for i, ((tag, start, stop), part) in enumerate(
+    zip(rows, mix.parts, strict=True)
+  ):
+    own_cfg = dataclasses.replace(cfg, env_groups=part.groups)
+    own = rollout(
+      model,
+      setup.codec.parts[i],
+      setup.eval_envs[tag],
+      own_cfg,
+      jax.random.fold_in(key, i),
+    )
+    got = mixture.slice_rows(mixed, start, stop)
+    for field in ("tokens", "turn_ids", "loss_mask", "success", "turn_actions"):
+      np.testing.assert_array_equal(
+        getattr(got, field), getattr(own, field), err_msg=f"{tag}.{field}"
+      )
+    np.testing.assert_allclose(got.logprobs, own.logprobs, atol=1e-6)
+    # Each part shows its own environment: Sokoban's walls, the lake's
+    # holes.
+    text = setup.tokenizer.decode(got.tokens[0][~got.loss_mask[0]])
+    assert ("#" in text) == (tag != "frozen_lake"), (tag, text)
+
+
+def test_per_environment_metrics_count_each_parts_episodes(built):
+  setup, learner, state = built
+  step = assembly.compile_step(setup, state, learner)
+  codec = setup.codec
+  # The first step's rollout, replayed with its key (``step_keys``).
+  first = jax.tree.map(jnp.copy, state)
+  spec = assembly.step_spec(setup, learner)
+  traj = jax.tree.map(
+    np.asarray, collect(spec, first, codec, step_keys(first)[0])
+  )
+  state, metrics = step(state, codec)
+  before = step._cache_size()
+  step(state, codec)
+  assert step._cache_size() == before  # no recompile on a second call
+  metrics = {k: float(v) for k, v in metrics.items()}
+  for tag, start, stop in setup.env.rows(2):
+    success = [bool(traj.success[b]) for b in range(start, stop)]
+    ret = [float(traj.episode_return[b]) for b in range(start, stop)]
+    turns = [int(sum(traj.turn_played[b])) for b in range(start, stop)]
+    assert metrics[f"rollout/{tag}/success"] == pytest.approx(
+      sum(success) / len(success)
+    )
+    assert metrics[f"rollout/{tag}/return"] == pytest.approx(
+      sum(ret) / len(ret), abs=1e-5
+    )
+    assert metrics[f"rollout/{tag}/num_turns"] == pytest.approx(
+      sum(turns) / len(turns)
+    )
+    played = [
+      (int(n), bool(ok))
+      for b in range(start, stop)
+      for n, ok, p in zip(
+        traj.response_lengths[b],
+        traj.turn_format_ok[b],
+        traj.turn_played[b],
+        strict=True,
+      )
+      if p
+    ]
+    assert metrics[f"rollout/{tag}/response_length"] == pytest.approx(
+      sum(n for n, _ in played) / len(played)
+    )
+    assert metrics[f"rollout/{tag}/format_rate"] == pytest.approx(
+      sum(ok for _, ok in played) / len(played)
+    )
+    assert 0 <= metrics[f"filter/{tag}/kept_ratio"] <= 1
+  # Filter shares: the kept groups of all parts are the step's.
+  groups = {
+    t: p.groups for t, p in zip(setup.env.tags, setup.env.parts, strict=True)
+  }
+  kept = sum(metrics[f"filter/{t}/kept_ratio"] * g for t, g in groups.items())
+  assert kept / setup.env.groups == pytest.approx(metrics["filter/kept_ratio"])
+
+
+def test_part_metrics_are_nothing_for_one_environment():
+  assert diagnostics.part_metrics(object(), None, None, None, 2) == {}
+
+
+@pytest.mark.parametrize(
+  ("parts", "groups", "message"),
+  [
+    (PARTS, 5, "env_groups=5 must be the mixture's 4 groups"),
+    ({"a": {"env": "sokoban"}}, 1, "mixture.a: needs env"),
+    ({"a": {"env": "nope", "groups": 1}}, 1, "mixture.a: unknown environment"),
+    ({"A": {"env": "sokoban", "groups": 1}}, 1, "mixture.A: a tag is"),
+    ({"eval": {"env": "sokoban", "groups": 1}}, 1, "mixture.eval: a tag is"),
+  ],
+)
+def test_a_bad_mixture_is_refused_by_name(parts, groups, message):
+  with pytest.raises(assembly.ConfigError, match=message):
+    assembly.build(small(parts, groups))
+
+
+def test_a_python_part_cannot_warm_start():
+  c = small()
+  c.sft.steps = 1
+  with pytest.raises(assembly.ConfigError, match=r"gym_sokoban.*Python"):
+    assembly.build(c)
