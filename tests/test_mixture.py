@@ -157,3 +157,15 @@ def test_a_python_part_cannot_warm_start():
   c.sft.steps = 1
   with pytest.raises(assembly.ConfigError, match=r"gym_sokoban.*Python"):
     assembly.build(c)
+
+
+def test_the_mixture_config_holds_every_turn_of_both_environments():
+  """configs/mixture.py: the default Sokoban recipe over both
+  environments, whose longest episodes fit its context."""
+  c = mixture_config.get_config("variants=ragen")
+  assert c.sft.steps == 250 and c.train.steps == 200
+  setup = assembly.build(c)
+  cfg = setup.config.rollout
+  assert setup.env.describe() == "frozen_lake x 4 + sokoban x 4"
+  assert setup.codec.context_needed(cfg, cfg.max_turns) <= cfg.max_context
+  assert {"sokoban_larger", "frozen_lake_6x6"} <= set(setup.eval_envs)
