@@ -16,8 +16,10 @@ its JSON file (and, for benchmark rows, which suites):
 
 Each renderer is the ``table`` function of the command that wrote the
 JSON (``benchmarks.run``, ``benchmarks.phases``,
-``benchmarks.context_window``, ``benchmarks.tpu_memory``,
-``benchmarks.learning_table``, ``benchmarks.zero_shot_table``), so a
+``benchmarks.context_window``, ``benchmarks.mixture``,
+``benchmarks.mixture_table``,
+``benchmarks.tpu_memory``, ``benchmarks.learning_table``,
+``benchmarks.zero_shot_table``, ``benchmarks.variants_table``), so a
 document shows exactly what the command printed. ``tests/test_docs.py``
 fails when a table and its JSON disagree.
 """
@@ -80,6 +82,24 @@ def _context_window(data: dict[str, Any]) -> str:
   return context_window.table(data["rows"])
 
 
+def _mixture(data: dict[str, Any]) -> str:
+  from benchmarks import mixture
+
+  return mixture.table(data["rows"])
+
+
+def _mixture_learning(data: dict[str, Any]) -> str:
+  from benchmarks import mixture_table
+
+  return mixture_table.table(data["parts"])
+
+
+def _variants(data: dict[str, Any]) -> str:
+  from benchmarks import variants_table
+
+  return variants_table.table(data["policies"], data["temperature"])
+
+
 def _tpu_memory(data: list[dict[str, Any]]) -> str:
   from benchmarks import tpu_memory
 
@@ -106,6 +126,9 @@ RENDERERS: dict[str, Callable[..., str]] = {
   "savings": _savings,
   "phases": _phases,
   "context_window": _context_window,
+  "mixture": _mixture,
+  "mixture_learning": _mixture_learning,
+  "variants": _variants,
   "tpu_memory": _tpu_memory,
   "learning": _learning,
   "zero_shot": _zero_shot,

@@ -144,11 +144,12 @@ def table(before: dict[str, Any], after: dict[str, Any]) -> str:
   )
 
 
-def arguments(doc: str, argv: list[str] | None):
-  """The command line of a step benchmark (a config, its argument and
-  overrides, ``--repeats``, ``--json``) and the config it names."""
+def arguments(doc: str, argv: list[str] | None, default: str = "sokoban"):
+  """The command line of a step benchmark (a config, by default
+  ``configs/{default}.py``, its argument and overrides, ``--repeats``,
+  ``--json``) and the config it names."""
   parser = argparse.ArgumentParser(description=doc.split("\n")[0])
-  parser.add_argument("--config", default="sokoban", help="configs/NAME.py")
+  parser.add_argument("--config", default=default, help="configs/NAME.py")
   parser.add_argument("--arg", default="", help="the config's argument")
   parser.add_argument(
     "--set", action="append", default=[], help="SECTION.NAME=VALUE"

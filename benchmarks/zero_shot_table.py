@@ -23,7 +23,7 @@ from typing import Any
 from benchmarks import common
 
 
-def _interval(stats: dict[str, float]) -> str:
+def interval(stats: dict[str, float]) -> str:
   return (
     f"{100 * stats['success']:.1f}% [{100 * stats['success_lo']:.1f}, "
     f"{100 * stats['success_hi']:.1f}]"
@@ -49,12 +49,12 @@ def table(summaries: dict[str, dict[str, Any]]) -> str:
       for label in played:
         st = entry[label]
         header.append(name if env == "eval" else f"{name} ({env})")
-        rows[0].append(f"{_interval(st)} ({label})")
+        rows[0].append(f"{interval(st)} ({label})")
         rows[1].append(
           f"{100 * st['format_rate']:.1f}% / "
           f"{100 * st['valid_action_rate']:.1f}% / {st['think_tokens']:.1f}"
         )
-        rows[2].append(_interval(entry["random_valid"]))
+        rows[2].append(interval(entry["random_valid"]))
   names = [*labels, "random valid player, same levels"]
   return common.markdown_table(
     header, [[n, *r] for n, r in zip(names, rows, strict=True)]

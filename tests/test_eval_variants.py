@@ -144,3 +144,78 @@ def test_evaluate_adds_ragens_variants_to_a_runs_config(tmp_path):
     evaluate_cli.main(
       ["evaluate", "--config=configs/bandit.py", "--variants=ragen"]
     )
+
+
+def test_each_evaluation_names_its_environment_and_settings():
+  from configs import mixture
+
+  plain = assembly.build(frozen_lake.get_config("variants=ragen"))
+  # Written out from RAGEN's variant list, not read from presets.
+  assert plain.eval_settings == {
+    "eval": {"env": "frozen_lake", "success_rate": 1.0},
+    "frozen_lake_6x6": {"env": "frozen_lake", "success_rate": 1.0, "size": 6},
+    "frozen_lake_slippery": {"env": "frozen_lake", "success_rate": 1 / 3},
+    "frozen_lake_steady": {"env": "frozen_lake", "success_rate": 1.0},
+  }
+  mixed = assembly.build(mixture.get_config("variants=ragen"))
+  assert set(mixed.eval_settings) == set(mixed.eval_envs)
+  assert mixed.eval_settings["sokoban"] == {"env": "sokoban"}
+  assert mixed.eval_settings["frozen_lake"] == plain.eval_settings["eval"]
+  assert mixed.eval_settings["sokoban_larger"] == {
+    "env": "sokoban",
+    "dim_room": [8, 8],
+    "num_boxes": 2,
+  }
+  # The environment each name evaluates is the one its settings build.
+  assert mixed.eval_envs["frozen_lake_6x6"].jittable.size == 6
+  assert mixed.eval_envs["sokoban_larger"].jittable.rows == 8
+
+
+def _summary(settings: dict, success: dict, random: dict) -> dict:
+  band = lambda p: dict(success=p, success_lo=p / 2, success_hi=(1 + p) / 2)
+  return {
+    "settings": settings,
+    "envs": {
+      tag: {"random_valid": band(random[tag]), "t0.5": band(p)}
+      for tag, p in success.items()
+    },
+  }
+
+
+def test_the_variants_table_puts_one_environment_on_one_row():
+  from benchmarks import variants_table
+
+  soko, fl = {"env": "sokoban"}, {"env": "frozen_lake", "success_rate": 1.0}
+  larger = {"env": "sokoban", "num_boxes": 2}
+  summaries = {
+    "sokoban": _summary(
+      {"eval": soko, "sokoban_larger": larger},
+      {"eval": 0.6, "sokoban_larger": 0.1},
+      {"eval": 0.2, "sokoban_larger": 0.02},
+    ),
+    "mixture": _summary(
+      {"frozen_lake": fl, "sokoban": soko},
+      {"frozen_lake": 0.7, "sokoban": 0.5},
+      {"frozen_lake": 0.25, "sokoban": 0.2},
+    ),
+  }
+  rows = variants_table.rows(summaries, "t0.5")
+  success = lambda by: {n: s["success"] for n, s in by.items()}
+  got = {r["env"]: (success(r["by"]), r["random"]["success"]) for r in rows}
+  assert got == {
+    "sokoban": ({"sokoban": 0.6, "mixture": 0.5}, 0.2),
+    "sokoban_larger": ({"sokoban": 0.1}, 0.02),
+    "frozen_lake": ({"mixture": 0.7}, 0.25),
+  }
+  text = variants_table.table(summaries)
+  line = next(r for r in text.splitlines() if r.startswith("| frozen_lake "))
+  assert line.split("|")[2:6] == [
+    " success_rate=1.0 ",
+    " - ",
+    " 70.0% [35.0, 85.0] ",
+    " 25.0% [12.5, 62.5] ",
+  ]
+  # Another set of levels (another random player) is refused, named.
+  summaries["mixture"]["envs"]["sokoban"]["random_valid"]["success"] = 0.3
+  with pytest.raises(ValueError, match="mixture played sokoban on other"):
+    variants_table.rows(summaries, "t0.5")

@@ -67,7 +67,10 @@ def test_summary_matches_the_episodes_written(evaluated):
   out = evaluated["out"]
   assert out.endswith(os.path.join("eval", "step6"))
   with open(os.path.join(out, "summary.json")) as f:
-    assert json.load(f)["envs"] == evaluated["envs"]
+    written = json.load(f)
+  assert written["envs"] == evaluated["envs"]
+  # What was played, by name: the run's environment with its settings.
+  assert written["settings"] == {"eval": {"env": "sokoban"}}
   entry = evaluated["envs"]["eval"]
   assert set(entry) == {"t1", "greedy", "random_valid"}
   for label in ("t1", "greedy"):

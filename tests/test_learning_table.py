@@ -179,3 +179,66 @@ def test_the_brief_table_keeps_its_rows_only(resumed_run):
   labels = [line.split(" | ")[0][2:] for line in brief.splitlines()[2:]]
   assert labels == list(learning_table.BRIEF)
   assert set(brief.splitlines()) <= set(full.splitlines())
+
+
+def _run(path, config, records):
+  path.mkdir()
+  (path / "config.json").write_text(json.dumps(config))
+  (path / "metrics.jsonl").write_text(
+    "".join(json.dumps(r) + "\n" for r in records)
+  )
+  return str(path)
+
+
+def _held_out(name, step, success):
+  out = {"step": step}
+  for suffix, value in (("", success), ("_lo", success - 0.05)):
+    out[f"{name}/success{suffix}"] = value
+  out[f"{name}/success_hi"] = success + 0.05
+  return out
+
+
+def test_the_mixture_table_matches_a_part_to_its_run_by_own_episodes(tmp_path):
+  from benchmarks import mixture_table
+
+  rollout = {"group_size": 16, "env_groups": 8}
+  mixed = _run(
+    tmp_path / "mixture",
+    {
+      "env": {"mixture": {"sokoban": {"env": "sokoban", "groups": 4}}},
+      "rollout": rollout,
+      "sft": {"steps": 10},
+    },
+    [
+      {
+        **_held_out("sokoban", 10, 0.3),
+        "sokoban/random_success": 0.2,
+        "sokoban/random_success_lo": 0.1,
+        "sokoban/random_success_hi": 0.3,
+      },
+      _held_out("sokoban", 30, 0.5),
+      {"step": 11, "filter/sokoban/kept_ratio": 0.5},
+      {"step": 12, "filter/sokoban/kept_ratio": 0.0},
+      {"step": 12, "rollout/sokoban/in_group_reward_std": 2.0},
+    ],
+  )
+  # The own run: 8 x 16 = 128 episodes a step after 5 warm-start steps,
+  # so the mixture's 20 x 64 = 1280 are its step 5 + 10.
+  own = _run(
+    tmp_path / "own",
+    {"rollout": rollout, "sft": {"steps": 5}},
+    [_held_out("eval", s, p) for s, p in ((5, 0.2), (15, 0.45), (25, 0.6))],
+  )
+  p = mixture_table.part(mixed, "sokoban", own)
+  assert (p["episodes"], p["own_step"]) == (1280, 15)
+  assert p["own_matched"]["success"] == 0.45
+  assert p["own_final"]["success"] == 0.6
+  assert p["final"]["success"] == 0.5 and p["start"]["success"] == 0.3
+  assert (p["kept"], p["spread"]) == (0.25, 2.0)
+  assert "+5.0 points" in mixture_table.table([p])
+  # Not evaluated at the matching step: refused, naming the steps it has.
+  (tmp_path / "own" / "metrics.jsonl").write_text(
+    json.dumps(_held_out("eval", 5, 0.2)) + "\n"
+  )
+  with pytest.raises(ValueError, match=r"evaluated at \[5\]"):
+    mixture_table.part(mixed, "sokoban", own)

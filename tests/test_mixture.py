@@ -169,3 +169,65 @@ def test_the_mixture_config_holds_every_turn_of_both_environments():
   assert setup.env.describe() == "frozen_lake x 4 + sokoban x 4"
   assert setup.codec.context_needed(cfg, cfg.max_turns) <= cfg.max_context
   assert {"sokoban_larger", "frozen_lake_6x6"} <= set(setup.eval_envs)
+
+
+def test_the_benchmarks_parts_are_the_mixtures_parts_alone():
+  """``benchmarks.mixture`` times each part as a run of its own: the
+  part's environment, settings and groups, everything else the mixture's."""
+  from benchmarks import mixture as bench
+
+  c = mixture_config.get_config(None)
+  parts = dict(bench.parts(c))
+  assert list(parts) == ["frozen_lake", "sokoban"]
+  built = {tag: assembly.build(p) for tag, p in parts.items()}
+  mixed = assembly.build(c)
+  for part in mixed.env.parts:
+    alone = built[part.tag]
+    assert alone.config.rollout.env_groups == part.groups == 4
+    assert alone.config.env.mixture == {}
+    assert alone.eval_settings["eval"] == mixed.eval_settings[part.tag]
+    assert (
+      dataclasses.replace(alone.config.rollout, env_groups=8)
+      == mixed.config.rollout
+    )
+    assert alone.config.optim == mixed.config.optim
+  with pytest.raises(ValueError, match=r"no env\.mixture"):
+    bench.parts(parts["sokoban"])
+
+
+def test_the_filter_by_part_keeps_each_environments_share(built):
+  """By default the filter ranks every group together (RAGEN); with
+  ``filter.by_part`` each part keeps its own top groups."""
+  from starpo_jax.algo import step as step_lib
+
+  setup, learner, state = built
+  spec = assembly.step_spec(setup, learner)
+  key = step_keys(state)[0]
+  kept = {}
+  for by_part in (False, True):
+    s = dataclasses.replace(
+      spec, filter=dataclasses.replace(spec.filter, by_part=by_part)
+    )
+    p = jax.tree.map(
+      np.asarray, step_lib.prepare(s, state, setup.codec, key).selection
+    )
+    kept[by_part] = list(p.keep_group)
+    scores = [float(x) for x in p.group_scores]
+  # Plain Python: top_k 0.25 keeps max(1, int(0.25 n)) of n groups, the
+  # best scores first (the earlier of equal ones).
+  assert (spec.filter.strategy, spec.filter.value) == ("top_k", 0.25)
+
+  def top(idx):
+    k = max(1, int(0.25 * len(idx)))
+    return set(sorted(idx, key=lambda g: (-scores[g], g))[:k])
+
+  everything = top(range(4))
+  each = set().union(*(top(range(a, b)) for a, b in ((0, 1), (1, 2), (2, 4))))
+  assert kept[False] == [g in everything for g in range(4)]
+  assert kept[True] == [g in each for g in range(4)]
+  with pytest.raises(assembly.ConfigError, match="by_part"):
+    c = mixture_config.get_config()
+    c.env.mixture = {}
+    c.rollout.env_groups = 4
+    c.filter.by_part = True
+    assembly.build(c)

@@ -36,6 +36,10 @@ class FilterConfig:
   ``capacity`` is how many groups the update holds (0: derived, see
   ``capacity``); the filter's groups beyond it are dropped, least
   preferred first, and counted (``filter/over_capacity``).
+  ``by_part`` (with ``env.mixture``) applies the rule to each part's
+  groups apart, so each environment keeps its share; by default all
+  groups are ranked together, as RAGEN does, where an environment with
+  larger rewards (a larger in-group spread) takes the kept slots.
   """
 
   metric: Metric = "reward_std"
@@ -47,6 +51,7 @@ class FilterConfig:
   selection_eps: float = 0.01
   loss_scaling: Literal["none", "linear", "sqrt"] = "none"
   capacity: int = 0
+  by_part: bool = False
 
   def __post_init__(self) -> None:
     settings.check(self, "filter")
@@ -85,6 +90,18 @@ def capacity(cfg: FilterConfig, groups: int) -> int:
   if cfg.strategy == "top_p":
     return min(max(math.ceil(cfg.value * groups - 1e-9), 1), groups)
   return groups
+
+
+def by_parts(
+  scores: jax.Array, cfg: FilterConfig, parts: tuple[int, ...]
+) -> jax.Array:
+  """``keep_groups`` applied to each part's groups apart (``parts``: each
+  part's group count, in the batch's order), ``[G]`` bool."""
+  kept, start = [], 0
+  for n in parts:
+    kept.append(keep_groups(scores[start : start + n], cfg))
+    start += n
+  return jnp.concatenate(kept)
 
 
 def preference(scores: jax.Array, keep: jax.Array, largest: bool) -> jax.Array:

@@ -167,27 +167,47 @@ def score_models(
 
 
 def held_groups(spec: StepSpec) -> int:
-  """Rollout groups the update holds: the filter's capacity, rounded up so
-  that they fill whole minibatches (a minibatch is ``batch /
-  algo.minibatches`` episodes, kept or not, as without compaction)."""
+  """Rollout groups the update holds: the filter's capacity (summed over
+  the parts it ranks apart), rounded up so that they fill whole
+  minibatches (a minibatch is ``batch / algo.minibatches`` episodes, kept
+  or not, as without compaction)."""
   groups, size = spec.rollout.env_groups, spec.rollout.group_size
   per_minibatch = spec.rollout.batch // spec.algo.minibatches
-  held = filtering.capacity(spec.filter, groups)
+  parts = filtered_parts(spec)
+  if spec.filter.capacity:
+    parts = (groups,)
+  held = sum(filtering.capacity(spec.filter, n) for n in parts)
   while (held * size) % per_minibatch:
     held += 1
   return held
 
 
+def filtered_parts(spec: StepSpec) -> tuple[int, ...]:
+  """The group counts the filter ranks apart: each part's, for a
+  ``Mixture`` with ``filter.by_part``; else all groups together."""
+  if spec.filter.by_part and isinstance(spec.env, mixture.Mixture):
+    return tuple(p.groups for p in spec.env.parts)
+  return (spec.rollout.env_groups,)
+
+
 def select(
-  scored: Scored, cfg: filtering.FilterConfig, groups: int, held: int
+  scored: Scored,
+  cfg: filtering.FilterConfig,
+  groups: int,
+  held: int,
+  parts: tuple[int, ...] = (),
 ) -> Selection:
   """StarPO-S: whole groups kept, and the ``held`` groups the update
   holds: the kept ones first, in the filter's order of preference (a kept
-  group past ``held`` is dropped and counted)."""
+  group past ``held`` is dropped and counted). ``parts``: group counts
+  the filter ranks apart (``filtered_parts``; empty: all together)."""
   group_scores = filtering.group_scores(
     cfg.metric, scored.scores, scored.lengths, scored.episode_entropy, groups
   )
-  wanted = filtering.keep_groups(group_scores, cfg)
+  if len(parts) > 1:
+    wanted = filtering.by_parts(group_scores, cfg, parts)
+  else:
+    wanted = filtering.keep_groups(group_scores, cfg)
   slots = jnp.sort(
     filtering.preference(group_scores, wanted, cfg.largest)[:held]
   )
@@ -290,7 +310,7 @@ def prepare_batch(
   if reward_needs_models:
     scored = by_models(traj.tokens, traj.turn_ids, scored, scored.mask)
   with jax.named_scope("select"):
-    selection = select(scored, spec.filter, groups, held)
+    selection = select(scored, spec.filter, groups, held, filtered_parts(spec))
   rows = lambda x: x if held == groups else x[selection.rows]
   tokens, turns = rows(traj.tokens), rows(traj.turn_ids)
   rows_scored = jax.tree.map(rows, scored)

@@ -17,7 +17,8 @@ its policy fits; ``--config`` alone evaluates the config's initial policy
 ``WORKDIR/eval/stepN``)
 ``summary.json`` (per environment and temperature: success with its 95%
 interval, pass@samples, actions, turns, response length, valid and
-effective action rates; the random valid player beside it), and per
+effective action rates; the random valid player beside it; each
+environment's registered name and settings), and per
 environment and temperature every episode as a JSON line
 (``{env}_t{T}.jsonl``: each turn's prompt, reply, executed actions and
 reward) and the first ``--transcripts`` as readable text (``.txt``).

@@ -391,6 +391,7 @@ def evaluate_checkpoint(
     source=where, step=step, levels=episodes, samples=samples, seed=config.seed
   )
   summary["envs"] = {}
+  summary["settings"] = {n: setup.eval_settings[n] for n in setup.eval_envs}
   for (name, temp), traj in evaluator.trajectories(params).items():
     entry = summary["envs"].setdefault(
       name, {"random_valid": evaluator.random[name]}

@@ -41,6 +41,9 @@ class Setup:
   codec: codec_lib.Codec | mixture.MixedCodec
   eval_codecs: dict[str, codec_lib.Codec]
   mesh: Any
+  # Each evaluation environment's registered name and settings
+  # (``eval_settings``), by the name evaluation reports it under.
+  eval_settings: dict[str, dict[str, Any]]
 
 
 def build(config: Any, shapes_only: bool = False, devices: Any = None) -> Setup:
@@ -86,6 +89,7 @@ def build(config: Any, shapes_only: bool = False, devices: Any = None) -> Setup:
     codec=codec,
     eval_codecs={n: codec_of(e) for n, e in eval_envs.items()},
     mesh=mesh,
+    eval_settings=eval_settings(run.env),
   )
 
 
@@ -106,14 +110,19 @@ def warm_start_replies(tok, env: Any, think: bool) -> Any:
 
 def _check_shapes(run: RunConfig, env: Any) -> None:
   """Raises ConfigError for a batch the minibatches do not divide, a
-  mixture whose groups are not the rollout's, or tools with no turn to
-  read their results."""
+  mixture whose groups are not the rollout's (or a filter by part without
+  one), or tools with no turn to read their results."""
   rollout, algo = run.rollout, run.algo
   if isinstance(env, mixture.Mixture):
     try:
       env.configs(rollout)
     except ValueError as e:
       raise ConfigError(f"config.{e}: set rollout.env_groups") from None
+  elif run.filter.by_part:
+    raise ConfigError(
+      "config.filter.by_part ranks each part of env.mixture apart; this "
+      f"run plays one environment ({run.env.name})"
+    )
   if rollout.batch % algo.minibatches:
     raise ConfigError(
       f"config.algo.minibatches={algo.minibatches} must divide the "
@@ -148,36 +157,58 @@ _TAG = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def _environments(c: EnvConfig) -> tuple[Any, dict[str, Any]]:
-  """The training environment and the evaluation ones by name: ``eval``
-  with ``env.eval_kwargs`` applied, when those change anything the
-  training environment again as ``eval_train_env``, then each of
-  ``env.eval_variants`` by its tag. With ``env.mixture``, a ``Mixture``,
-  evaluated part by part under each part's tag."""
+  """The training environment and the evaluation ones by name
+  (``eval_settings``). With ``env.mixture``, a ``Mixture``, evaluated part
+  by part under each part's tag."""
   if c.mixture:
     env = _mixture(c)
     eval_envs = {p.tag: p.env for p in env.parts}
   else:
     try:
       env = envs.batched(envs.make(c.name, **c.kwargs))
-      held_out = envs.make(c.name, **{**c.kwargs, **c.eval_kwargs})
     except ValueError as e:
       raise ConfigError(f"config.env: {e}") from None
-    eval_envs = {"eval": envs.batched(held_out)}
-    if c.eval_kwargs:
-      eval_envs["eval_train_env"] = env
-  for tag, overrides in c.eval_variants.items():
-    where = f"config.env.eval_variants.{tag}"
-    _check_tag(tag, where, eval_envs)
-    overrides = dict(overrides)
-    name = overrides.pop("env", c.name)
-    kwargs = overrides
-    if name == c.name and not c.mixture:
-      kwargs = {**c.kwargs, **c.eval_kwargs, **overrides}
+    eval_envs = {}
+  for tag, settings in eval_settings(c).items():
+    if tag in eval_envs:
+      continue
+    if tag == "eval_train_env":
+      eval_envs[tag] = env
+      continue
+    where = "config.env" if tag == "eval" else f"config.env.eval_variants.{tag}"
+    kwargs = dict(settings)
+    name = kwargs.pop("env")
     try:
       eval_envs[tag] = envs.batched(envs.make(name, **kwargs))
     except ValueError as e:
       raise ConfigError(f"{where}: {e}") from None
   return env, eval_envs
+
+
+def eval_settings(c: EnvConfig) -> dict[str, dict[str, Any]]:
+  """Each evaluation environment by the name evaluation reports it under,
+  as its registered name (``env``) and settings: ``eval`` with
+  ``env.eval_kwargs`` applied, when those change anything the training
+  environment again as ``eval_train_env`` (a mixture: each part by its
+  tag), then each of ``env.eval_variants`` by its tag."""
+  if c.mixture:
+    out = {
+      tag: {k: v for k, v in entry.items() if k != "groups"}
+      for tag, entry in c.mixture.items()
+    }
+  else:
+    out = {"eval": {"env": c.name, **c.kwargs, **c.eval_kwargs}}
+    if c.eval_kwargs:
+      out["eval_train_env"] = {"env": c.name, **c.kwargs}
+  for tag, overrides in c.eval_variants.items():
+    _check_tag(tag, f"config.env.eval_variants.{tag}", out)
+    overrides = dict(overrides)
+    name = overrides.pop("env", c.name)
+    base = {}
+    if name == c.name and not c.mixture:
+      base = {**c.kwargs, **c.eval_kwargs}
+    out[tag] = {"env": name, **base, **overrides}
+  return out
 
 
 def _check_tag(tag: str, where: str, taken: Any) -> None:
