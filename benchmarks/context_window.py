@@ -1,5 +1,7 @@
 """The training step's time in each context-window mode
-(``rollout.context_window``), built from one config and timed taking turns
+(``rollout.context_window``) and method (``rollout.context_method``: older
+turns masked, or the visible ones re-prefilled each turn and each turn
+scored as a sequence of its own), built from one config and timed taking turns
 in one process (``workload.timed_together``), so a slow spell of the
 machine falls on every mode alike.
 
@@ -26,11 +28,14 @@ from benchmarks.phases import arguments
 from benchmarks.workload import timed_together
 from starpo_jax.run import assembly
 
-# Each row's settings: its name, the context window and the turns it keeps.
+# Each row's settings: its name, the context window, the turns it keeps
+# and how it hides the others (``rollout.context_method``).
 MODES = (
-  ("full", "full", 3),
-  ("limited k=3", "limited", 3),
-  ("limited k=1 (single_turn)", "single_turn", 1),
+  ("full", "full", 3, "mask"),
+  ("limited k=3, masked", "limited", 3, "mask"),
+  ("limited k=3, re-prefilled", "limited", 3, "reprefill"),
+  ("limited k=1 (single_turn), masked", "single_turn", 1, "mask"),
+  ("limited k=1 (single_turn), re-prefilled", "single_turn", 1, "reprefill"),
 )
 
 
@@ -41,10 +46,11 @@ def steps(c) -> tuple[list[str], list[Any]]:
   call to call would train each mode's policy its own way, and their
   episodes would part)."""
   names, calls = [], []
-  for name, window, turns in MODES:
+  for name, window, turns, method in MODES:
     m = c.copy_and_resolve_references()
     m.rollout.context_window = window
     m.rollout.context_turns = turns
+    m.rollout.context_method = method
     setup = assembly.build(m)
     learner = assembly.make_learner(setup)
     state = assembly.init_state(setup, learner)

@@ -168,8 +168,10 @@ CFG = rollout.RolloutConfig(
 
 
 @functools.cache
-def played(mode: str, turns: int, model, tok):
-  cfg = dataclasses.replace(CFG, context_window=mode, context_turns=turns)
+def played(mode: str, turns: int, model, tok, method: str = "mask"):
+  cfg = dataclasses.replace(
+    CFG, context_window=mode, context_turns=turns, context_method=method
+  )
   env = envs.make("sokoban")
   codec = codec_lib.Codec.build(tok, env.spec, cfg.prompt_settings())
   play = jax.jit(lambda m, c, k: rollout.rollout(m, c, env, cfg, k))
@@ -270,16 +272,60 @@ def test_replies_are_sampled_seeing_only_the_visible_turns(
 
 
 @pytest.mark.parametrize("mode, turns", [("limited", 2), ("single_turn", 3)])
+def test_a_reprefilled_reply_sees_its_re_rendered_prompt(
+  hf_policy, mode, turns
+):
+  """``context_method="reprefill"``: each turn's reply is scored by
+  ``transformers`` on a prompt of its own, the system prompt and the
+  visible turns cut from the episode by the replies, at positions 0, 1,
+  ... (RAGEN's re-rendering), nothing else."""
+  tok, model, torch_model = hf_policy
+  cfg, codec, traj = played(mode, turns, model, tok, "reprefill")
+  window = cfg.visible_turns
+  system = len(codec.fragments.system)
+  recorded = np.asarray(traj.logprobs)
+  for row in range(CFG.batch):
+    length = int(traj.length[row])
+    tokens = np.asarray(traj.tokens[row, :length])
+    turn_of = turns_by_replies(traj, row, system)[:length]
+    generated = np.asarray(traj.loss_mask[row, :length])
+    for turn in range(int(traj.num_turns[row])):
+      end = np.flatnonzero(turn_of == turn)[-1] + 1
+      places = np.flatnonzero(
+        (turn_of < 0) | ((turn_of > turn - window) & (turn_of <= turn))
+      )
+      places = places[places < end]
+      prompt = tok.decode(tokens[places])
+      assert prompt.count("<|im_start|>user") == min(turn + 1, window)
+      got = hf_logprobs(
+        torch_model, tokens[places], cfg.temperature, codec.allowed
+      )
+      mine = generated[places[1:]] & (turn_of[places[1:]] == turn)
+      np.testing.assert_allclose(
+        recorded[row][places[1:]][mine], got[mine], atol=1e-4
+      )
+
+
+@pytest.mark.parametrize(
+  "mode, turns, method",
+  [
+    ("limited", 2, "mask"),
+    ("single_turn", 3, "mask"),
+    ("limited", 2, "reprefill"),
+    ("single_turn", 3, "reprefill"),
+  ],
+)
 def test_the_update_scores_each_reply_in_the_context_it_was_sampled_in(
-  mode, turns
+  mode, turns, method
 ):
   # The tiny preset's logits are small enough for float32 to hold 1e-5.
   tok = TOKENIZERS["compact"]()
   model = tiny_model(tok.vocab_size)
-  cfg, codec, traj = played(mode, turns, model, tok)
+  cfg, codec, traj = played(mode, turns, model, tok, method)
   spec = StepSpec(None, cfg, AlgoConfig(), None, None)
   dist = spec.distribution(codec)
   assert dist.window == cfg.visible_turns
+  assert (dist.width > 0) == (method == "reprefill")
   positions, mask = logprobs.pack_generated(traj, cfg.max_generated)
   recorded = jnp.take_along_axis(traj.logprobs, positions, 1)
   zeros = jnp.zeros_like(recorded)
@@ -350,3 +396,7 @@ def test_context_window_settings_are_checked():
     rollout.RolloutConfig(context_window="limited", context_turns=0)
   assert rollout.RolloutConfig().visible_turns == 0
   assert rollout.RolloutConfig(context_window="single_turn").visible_turns == 1
+  with pytest.raises(ValueError, match="'full' hides none"):
+    rollout.RolloutConfig(context_method="reprefill")
+  with pytest.raises(ValueError, match="context_method='again'"):
+    rollout.RolloutConfig(context_window="limited", context_method="again")

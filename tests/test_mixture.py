@@ -231,3 +231,15 @@ def test_the_filter_by_part_keeps_each_environments_share(built):
     c.rollout.env_groups = 4
     c.filter.by_part = True
     assembly.build(c)
+
+
+def test_the_mixture_config_names_its_parts():
+  c = mixture_config.get_config("parts=sokoban+sokoban")
+  assert c.env.mixture.to_dict() == {
+    "sokoban": {"env": "sokoban", "groups": 4},
+    "sokoban_2": {"env": "sokoban", "groups": 4},
+  }
+  assert assembly.build(c).env.describe() == "sokoban x 4 + sokoban_2 x 4"
+  for bad in ("sokoban+chess", "sokoban+sokoban+frozen_lake"):
+    with pytest.raises(ValueError, match=r"parts=.*divide 8 groups"):
+      mixture_config.get_config(f"parts={bad}")

@@ -124,6 +124,23 @@ class MixedCodec:
     return max(context_needed(c, cfg, turns) for c in self.parts)
 
 
+def needed(codec: Any, cfg: RolloutConfig, turns: int) -> int:
+  """The longest context ``turns`` turns of ``cfg`` fill with ``codec``
+  (a ``MixedCodec``: its longest part's)."""
+  if isinstance(codec, MixedCodec):
+    return codec.context_needed(cfg, turns)
+  return context_needed(codec, cfg, turns)
+
+
+def window_width(codec: Any, cfg: RolloutConfig) -> int:
+  """The most tokens a re-rendered prompt holds
+  (``context_method="reprefill"``): the system prompt, then the visible
+  turns' prompt chunks and replies; 0 for the other methods."""
+  if cfg.context_method != "reprefill":
+    return 0
+  return min(needed(codec, cfg, cfg.visible_turns), cfg.max_context)
+
+
 def play(
   model: Any,
   codec: Any,

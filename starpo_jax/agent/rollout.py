@@ -188,7 +188,9 @@ def _start(
 
 def _with_hidden_span(cache: Any, cfg: RolloutConfig) -> Any:
   """``cache`` with an empty span of hidden slots where the context
-  window hides turns (each turn sets its own: ``turn.hidden_turns``)."""
+  window hides turns (each turn sets its own: ``turn.hidden_turns``), and
+  no shift of positions yet where it re-renders them
+  (``turn.reprefill``)."""
   if not cfg.visible_turns:
     return cache
   if not hasattr(cache, "hidden"):
@@ -196,7 +198,10 @@ def _with_hidden_span(cache: Any, cfg: RolloutConfig) -> Any:
       f"rollout: context_window={cfg.context_window!r} needs a model whose "
       "cache can hide slots (KVCache.hidden)"
     )
-  return cache.replace(hidden=jnp.zeros((cfg.batch, 2), jnp.int32))
+  cache = cache.replace(hidden=jnp.zeros((cfg.batch, 2), jnp.int32))
+  if cfg.context_method == "reprefill":
+    cache = cache.replace(shift=jnp.zeros((cfg.batch,), jnp.int32))
+  return cache
 
 
 def rollout(

@@ -55,16 +55,20 @@ class RolloutConfig:
   # What a reply is sampled, scored and trained seeing (RAGEN's
   # ``context_window_mode``): "full", every turn so far; "limited", the
   # system prompt and the last ``context_turns`` turns, the current one
-  # included; "single_turn", the system prompt and the current turn. Older
-  # turns stay in the trajectory and the KV cache, masked from attention
-  # (docs/training.md, "Context windows"): the visible tokens keep their
-  # places in the episode, and a visible turn's cached states are those
-  # computed when it was played, which saw its own window; so with
-  # "limited" an older turn still reaches a reply through them, as in
-  # sliding-window attention. "single_turn" sees exactly the system prompt
-  # and the turn's prompt (RAGEN re-renders a shorter prompt instead).
+  # included; "single_turn", the system prompt and the current turn.
   context_window: Literal["full", "limited", "single_turn"] = "full"
   context_turns: int = 3
+  # How a window hides older turns (docs/training.md, "Context windows").
+  # "mask": they stay in the trajectory and the KV cache, masked from
+  # attention; the visible tokens keep their places in the episode, and a
+  # visible turn's cached states are those computed when it was played,
+  # which saw its own window (with "limited" an older turn still reaches a
+  # reply through them, as in sliding-window attention). "reprefill":
+  # RAGEN's re-rendered prompt: each turn the visible turns follow the
+  # system prompt at consecutive positions and are prefilled again under
+  # this turn's window, and the update scores each turn as a sequence of
+  # its own.
+  context_method: Literal["mask", "reprefill"] = "mask"
 
   def __post_init__(self) -> None:
     settings.check(self, "rollout")
@@ -93,6 +97,12 @@ class RolloutConfig:
       raise ValueError(
         "rollout: decode_shrinks must be an integer >= 0, got "
         f"{self.decode_shrinks!r}"
+      )
+    if self.context_method == "reprefill" and self.context_window == "full":
+      raise ValueError(
+        "rollout: context_method='reprefill' re-renders a context window's "
+        "visible turns; context_window='full' hides none (set it to "
+        "'limited' or 'single_turn')"
       )
     self.sampling  # noqa: B018 (validates temperature, top_k, top_p)
     self.prompt_settings()  # validates the prompt style

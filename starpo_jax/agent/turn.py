@@ -175,6 +175,8 @@ def prompt(
   cache = c.cache
   if cfg.visible_turns:
     cache = cache.replace(hidden=hidden_turns(codec, cfg, c, turn))
+  if cfg.context_method == "reprefill":
+    cache = reprefill(model, cfg, c.tokens, cache, chunk)
   h, cache = prefill(
     model, cfg, prompt, cache, jnp.where(active, count, 0), turn
   )
@@ -223,6 +225,35 @@ def hidden_turns(
   )
   end = jnp.where(first > 0, begins, system)
   return jnp.stack([jnp.full_like(end, system), end], axis=1)
+
+
+def reprefill(
+  model: Policy, cfg: RolloutConfig, tokens: jax.Array, cache: Any, chunk: int
+) -> Any:
+  """``cache`` as a prompt of the system prompt and this turn's visible
+  turns would have it (``context_method="reprefill"``): new tokens' rotary
+  positions trail their slots by the hidden span's length, so the visible
+  turns follow the system prompt; the earlier visible turns (``limited``
+  with more than one) are prefilled again in their slots from ``tokens
+  [B, W]``, under this turn's window and positions. Rows that hide
+  nothing keep their states, which saw what they see now."""
+  hidden = cache.hidden
+  shift = jnp.maximum(hidden[:, 1] - hidden[:, 0], 0)
+  cache = cache.replace(shift=shift)
+  width = (cfg.visible_turns - 1) * (chunk + cfg.max_new_tokens)
+  if not width:
+    return cache
+  begin, end = hidden[:, 1], cache.length
+  redo = (shift > 0) & (end > begin)
+  at = jnp.clip(begin[:, None] + jnp.arange(width), 0, tokens.shape[1] - 1)
+  again = jnp.take_along_axis(tokens, at, axis=1)
+  # A row with nothing to redo writes its padding past its end, where the
+  # turn's prompt is written next.
+  start = jnp.where(redo, begin, end)
+  _, cache = model.hidden(
+    again, cache.replace(length=start), jnp.where(redo, end - begin, 0)
+  )
+  return cache
 
 
 def observations(

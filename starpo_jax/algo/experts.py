@@ -39,9 +39,10 @@ from starpo_jax.models.tokenizer import Tokenizer
 class ScriptCache:
   length: jax.Array  # [B] tokens held
   pos: jax.Array  # [B] script tokens emitted
-  # A context window's hidden slots (``KVCache.hidden``), carried only: a
-  # script emits what it emits whatever it is shown.
+  # A context window's hidden slots and positions' shift (``KVCache``),
+  # carried only: a script emits what it emits whatever it is shown.
   hidden: jax.Array | None = None
+  shift: jax.Array | None = None
 
   def broadcast(self, batch: int) -> ScriptCache:
     grow = lambda x: jnp.broadcast_to(x, (batch, *x.shape[1:]))

@@ -91,12 +91,48 @@ def _before_each(
   the token at position p is predicted from the hidden state at p - 1.
   ``positions`` must be ``_within(tokens, ...)``; ``window``, of at least
   ``tokens``' length, hides older turns (cut to that length here)."""
+  before = jnp.maximum(positions - 1, 0)
+  if window is not None and window.width:
+    return _reprefilled(model, tokens, before, window.cut(tokens.shape[1]))
   if window is None:
     h, _ = model.hidden(tokens)
   else:
     h, _ = model.hidden(tokens, window=window.cut(tokens.shape[1]))
-  before = jnp.maximum(positions - 1, 0)
   return jnp.take_along_axis(h, before[..., None], axis=1)
+
+
+def _reprefilled(
+  model: Any, tokens: jax.Array, before: jax.Array, window: TurnWindow
+) -> jax.Array:
+  """The hidden states at ``before [B, G]``, each from the prompt its turn
+  was played under with ``context_method="reprefill"``: the system prompt
+  and the window's visible turns at consecutive positions, as a sequence
+  of its own (at most ``window.width`` tokens). The turns that see every
+  turn before them (the first ``window.size``) share one sequence; each
+  later turn has its own."""
+  turns, size, width = window.turns, window.size, window.width
+  length = tokens.shape[1]
+  # A state belongs to the turn of its token (the system prompt's, to the
+  # first turn's prompt).
+  query = jnp.maximum(jnp.take_along_axis(turns, before, axis=1), 0)
+  system = jnp.argmax(turns >= 0, axis=1)[:, None]
+  slot = jnp.arange(width)
+  out = None
+  for t in range(size - 1, max(window.max_turns, size)):
+    first = t - size + 1
+    # Where turn ``first`` begins: the system prompt's end for the first.
+    begin = jnp.argmax(turns >= first, axis=1)[:, None]
+    begin = jnp.where(first > 0, begin, system)
+    at = jnp.where(slot < system, slot, begin + slot - system)
+    h, _ = model.hidden(
+      jnp.take_along_axis(tokens, jnp.clip(at, 0, length - 1), axis=1)
+    )
+    here = jnp.clip(before - begin + system, 0, width - 1)
+    here = jnp.where(before < system, before, here)
+    mine = (query <= t) if first <= 0 else (query == t)
+    picked = jnp.take_along_axis(h, here[..., None], axis=1)
+    out = picked if out is None else jnp.where(mine[..., None], picked, out)
+  return out
 
 
 def _within(tokens: jax.Array, positions: jax.Array) -> jax.Array:

@@ -57,7 +57,6 @@ from flax import nnx
 import envs
 from starpo_jax import settings, sharding
 from starpo_jax.agent import mixture
-from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.agent.codec import Codec
 from starpo_jax.agent.rollout import RolloutConfig, Trajectory
 from starpo_jax.algo.experts import (
@@ -71,6 +70,7 @@ from starpo_jax.algo.logprobs import (
   pack_generated,
   sequence_logprobs,
 )
+from starpo_jax.algo.spec import Distribution
 from starpo_jax.algo.state import TrainState
 from starpo_jax.algo.update import apply_gradients
 from starpo_jax.models.attention import TurnWindow
@@ -144,17 +144,9 @@ def episodes_config(
     temperature=0.0,
     max_turns=turns,
     max_context=min(
-      rollout_cfg.max_context, _needed(codec, rollout_cfg, turns)
+      rollout_cfg.max_context, mixture.needed(codec, rollout_cfg, turns)
     ),
   )
-
-
-def _needed(codec: Any, cfg: RolloutConfig, turns: int) -> int:
-  """The context ``turns`` turns need (of every part, for a
-  ``MixedCodec``)."""
-  if isinstance(codec, mixture.MixedCodec):
-    return codec.context_needed(cfg, turns)
-  return rollout_lib.context_needed(codec, cfg, turns)
 
 
 def check(
@@ -348,13 +340,13 @@ def _objective(
   temperature: float,
   allowed: jax.Array | None,
   logits_chunk: int,
-  visible_turns: int,
+  context: Any,
 ):
   """Whether any token trains, and ``params -> (loss, stats)``: the
   world model's loss for ``expert="world_model"``, else imitation; each
-  token seeing the last ``visible_turns`` turns (0: all), as in the
-  rollout."""
-  window = TurnWindow(traj.turn_ids, visible_turns) if visible_turns else None
+  token seeing what it sees in the rollout (``context``:
+  ``Distribution.context``)."""
+  window = context(traj.turn_ids)
   if expert == "world_model":
     return jnp.any(traj.loss_mask), lambda p: world_model_loss(
       p, policy_def, traj, logits_chunk, keep, window
@@ -434,7 +426,7 @@ def make_sft_step(spec: WarmStartSpec, codec: Any, mesh: Any = None):
       spec.rollout.temperature,
       codec.allowed,
       spec.logits_chunk,
-      spec.rollout.visible_turns,
+      Distribution.of(spec.rollout, codec).context,
     )
     grad_fn = jax.value_and_grad(objective, has_aux=True)
     params, opt, stats, finite = apply_gradients(

@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 
+from starpo_jax.agent import mixture
 from starpo_jax.agent.codec import Codec
 from starpo_jax.agent.mixture import MixedCodec
 from starpo_jax.agent.rollout import RolloutConfig
@@ -26,16 +27,33 @@ class Distribution:
   """The policy's sampling distribution: logits divided by ``temperature``
   (0, greedy, counts as 1) over the ``allowed`` tokens (``[V]`` bool; None:
   all), each token seeing the last ``window`` turns (0: all;
-  ``RolloutConfig.visible_turns``)."""
+  ``RolloutConfig.visible_turns``), re-rendered as prompts of at most
+  ``width`` tokens where that is not 0 (``mixture.window_width``) over
+  ``max_turns`` turns."""
 
   temperature: float
   allowed: jax.Array | None = None
   window: int = 0
+  width: int = 0
+  max_turns: int = 0
+
+  @classmethod
+  def of(cls, rollout: RolloutConfig, codec: Codec | MixedCodec):
+    """How ``rollout`` samples with ``codec``'s allowed tokens."""
+    return cls(
+      rollout.temperature,
+      codec.allowed,
+      rollout.visible_turns,
+      mixture.window_width(codec, rollout),
+      rollout.max_turns,
+    )
 
   def context(self, turns: jax.Array) -> TurnWindow | None:
     """What the tokens of episodes whose turns are ``turns [B, L]`` see
     (None: everything before them)."""
-    return TurnWindow(turns, self.window) if self.window else None
+    if not self.window:
+      return None
+    return TurnWindow(turns, self.window, self.width, self.max_turns)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +73,4 @@ class StepSpec:
 
   def distribution(self, codec: Codec | MixedCodec) -> Distribution:
     """How the rollout samples with ``codec``'s allowed tokens."""
-    return Distribution(
-      self.rollout.temperature, codec.allowed, self.rollout.visible_turns
-    )
+    return Distribution.of(self.rollout, codec)

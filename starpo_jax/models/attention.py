@@ -54,10 +54,17 @@ _HEAD_AXIS = "tensor"
 class TurnWindow:
   """Which tokens of a multi-turn episode each token sees (causally): the
   system prompt (turn < 0) and the tokens of the last ``size`` turns, its
-  own included."""
+  own included.
+
+  ``width > 0`` (``rollout.context_method="reprefill"``): each turn is
+  scored as a prompt of its own, the system prompt and the visible turns
+  at consecutive positions, at most ``width`` tokens, ``max_turns`` turns
+  in all (``logprobs``); otherwise older turns are masked in place."""
 
   turns: jax.Array  # [B, T] int32 each token's turn; < 0: the system prompt
   size: int = struct.field(pytree_node=False)
+  width: int = struct.field(pytree_node=False, default=0)
+  max_turns: int = struct.field(pytree_node=False, default=0)
 
   def sees(self, query_turns: jax.Array, key_turns: jax.Array) -> jax.Array:
     """``[..., Q, S]`` bool: query ``[..., Q]`` sees key ``[..., S]``
@@ -67,7 +74,7 @@ class TurnWindow:
 
   def cut(self, length: int) -> TurnWindow:
     """The window of the sequence's first ``length`` tokens."""
-    return TurnWindow(self.turns[:, :length], self.size)
+    return self.replace(turns=self.turns[:, :length])
 
 
 def platform() -> str:

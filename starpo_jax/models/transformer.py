@@ -47,6 +47,10 @@ class KVCache:
   # [B, 2] int32: a span [start, end) of slots that calls do not attend to
   # (turns outside a context window, ``rollout.context_window``); None: all.
   hidden: jax.Array | None = None
+  # [B] int32: how far the rotary positions of new tokens trail their
+  # slots (the hidden span's length, ``context_method="reprefill"``), so
+  # that the visible turns follow the system prompt; None: slot = position.
+  shift: jax.Array | None = None
 
   @classmethod
   def init(cls, cfg: ModelConfig, batch: int, size: int) -> KVCache:
@@ -71,6 +75,7 @@ class KVCache:
       v=tuple(grow(x) for x in self.v),
       length=jnp.broadcast_to(self.length, (batch,)),
       hidden=None if self.hidden is None else grow(self.hidden),
+      shift=None if self.shift is None else grow(self.shift),
     )
 
 
@@ -188,19 +193,23 @@ class Attention(nnx.Module):
     x: jax.Array,  # [B, T, D]
     positions: jax.Array,  # [B, T]
     inv_freq: jax.Array,
-    cache: tuple[jax.Array, jax.Array, jax.Array | None] | None,
+    cache: tuple[jax.Array, ...] | None,
     window: attention.TurnWindow | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """``cache``: the layer's keys, values and the cache's hidden span;
-    ``window``: the turns each token sees (uncached calls)."""
-    q = rope(self.project(x, "q"), positions, inv_freq)
-    k = rope(self.project(x, "k"), positions, inv_freq)
+    """``cache``: the layer's keys, values, the cache's hidden span and
+    its positions' shift (``KVCache``); ``window``: the turns each token
+    sees (uncached calls). ``positions`` are the tokens' slots."""
+    rotary = positions
+    if cache is not None and cache[3] is not None:
+      rotary = positions - cache[3][:, None]
+    q = rope(self.project(x, "q"), rotary, inv_freq)
+    k = rope(self.project(x, "k"), rotary, inv_freq)
     v = self.project(x, "v")
     if cache is None:
       out = attention.causal(q, k, v, self.implementation, window)
       new_cache = None
     else:
-      k_cache, v_cache, hidden = cache
+      k_cache, v_cache, hidden, _ = cache
       rows = jnp.arange(k.shape[0])[:, None]
       # Chunk padding past the cache's end is dropped, never clamped onto
       # earlier slots.
@@ -392,15 +401,13 @@ def cached_layers(block_def, layers, x, positions, inv_freq, cache, num_new):
   k, v = [], []
   for i, layer in enumerate(layers):
     block = nnx.merge(block_def, layer)
-    layer_cache = (cache.k[i], cache.v[i], cache.hidden)
+    layer_cache = (cache.k[i], cache.v[i], cache.hidden, cache.shift)
     x, (k_i, v_i) = block(x, positions, inv_freq, layer_cache)
     k.append(k_i)
     v.append(v_i)
   if num_new is None:
     num_new = jnp.full(x.shape[:1], x.shape[1], jnp.int32)
-  return x, KVCache(
-    k=tuple(k), v=tuple(v), length=cache.length + num_new, hidden=cache.hidden
-  )
+  return x, cache.replace(k=tuple(k), v=tuple(v), length=cache.length + num_new)
 
 
 class Decoding:
