@@ -1,19 +1,20 @@
 """A mixture run's parts beside their own single-environment runs, at the
 same number of their own RL episodes, from the runs' ``metrics.jsonl``.
 
-  python -m benchmarks.mixture_table runs/mixture \\
-    sokoban=runs/sokoban frozen_lake=runs/frozen_lake \\
+  python -m benchmarks.mixture_table runs/mixture runs/mixture_by_part \\
+    --own sokoban=runs/sokoban --own frozen_lake=runs/frozen_lake \\
     --json docs/learning_mixture.json
 
-For each part (by its tag): the mixture's held-out success after its warm
-start and at its last evaluation, the part's RL episodes by then (RL
-steps x the part's groups x group size), the part's own run at the
-evaluation where its RL episodes were the same (that run's RL steps x its
-batch; its warm start is its own), the difference, the own run's final
-success, the random valid player on the same levels, and over the
-mixture's RL steps the share of the part's groups the filter kept and
-their in-group reward spread. Success is at t=0.5 with its 95%
-interval.
+For each part of each mixture run (a column: the run's directory and the
+part's tag), beside the own run of the part's environment: the
+mixture's held-out success after its warm start and at its last
+evaluation, the part's RL episodes by then (RL steps x the part's groups
+x group size), the own run at the evaluation where its RL episodes were
+the same (that run's RL steps x its batch; its warm start is its own),
+the difference, the own run's final success, the random valid player on
+the same levels, and over the mixture's RL steps the share of the part's
+groups the filter kept and their in-group reward spread. Success is at
+t=0.5 with its 95% interval.
 """
 
 from __future__ import annotations
@@ -125,24 +126,39 @@ def table(parts: list[dict[str, Any]]) -> str:
     ),
     ("in-group reward std, mean over RL", lambda p: f"{p['spread']:.2f}"),
   ]
+  name = lambda p: f"{os.path.basename(p['mixture'].rstrip('/'))}: {p['tag']}"
   return common.markdown_table(
-    ["", *(p["tag"] for p in parts)],
+    ["", *(name(p) for p in parts)],
     [[label, *(cell(p) for p in parts)] for label, cell in rows],
   )
 
 
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("mixture", help="the mixture run's workdir")
-  parser.add_argument("own", nargs="+", help="TAG=WORKDIR of each part's run")
+  parser.add_argument("mixtures", nargs="+", help="mixture runs' workdirs")
+  parser.add_argument(
+    "--own",
+    action="append",
+    default=[],
+    help="ENV=WORKDIR: the own run of each environment the parts play",
+  )
   parser.add_argument("--json", help="also write the numbers here")
   args = parser.parse_args(argv)
-  parts = []
+  own = {}
   for item in args.own:
-    tag, sep, workdir = item.partition("=")
+    env, sep, workdir = item.partition("=")
     if not sep:
-      raise SystemExit(f"mixture_table: {item!r}: expected TAG=WORKDIR")
-    parts.append(part(args.mixture, tag, workdir))
+      raise SystemExit(f"mixture_table: --own {item!r}: expected ENV=WORKDIR")
+    own[env] = workdir
+  parts = []
+  for mixed in args.mixtures:
+    for tag, entry in _config(mixed)["env"]["mixture"].items():
+      if entry["env"] not in own:
+        raise SystemExit(
+          f"mixture_table: {mixed} plays {entry['env']} ({tag}); give its "
+          f"own run with --own {entry['env']}=WORKDIR"
+        )
+      parts.append(part(mixed, tag, own[entry["env"]]))
   print(table(parts))
   common.write_json(args.json, {"machine": common.machine(), "parts": parts})
   if args.json:

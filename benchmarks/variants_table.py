@@ -30,7 +30,8 @@ from benchmarks.zero_shot_table import interval, load
 
 def _settings(settings: dict[str, Any]) -> str:
   """An environment's settings other than its name, or "default"."""
-  rest = [f"{k}={v}" for k, v in sorted(settings.items()) if k != "env"]
+  show = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
+  rest = [f"{k}={show(v)}" for k, v in sorted(settings.items()) if k != "env"]
   return ", ".join(rest) or "default"
 
 

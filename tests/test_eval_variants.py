@@ -210,7 +210,7 @@ def test_the_variants_table_puts_one_environment_on_one_row():
   text = variants_table.table(summaries)
   line = next(r for r in text.splitlines() if r.startswith("| frozen_lake "))
   assert line.split("|")[2:6] == [
-    " success_rate=1.0 ",
+    " success_rate=1 ",
     " - ",
     " 70.0% [35.0, 85.0] ",
     " 25.0% [12.5, 62.5] ",
