@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import common
-from benchmarks.phases import arguments
+from benchmarks.phases import arguments, report
 from benchmarks.workload import timed_together
 from starpo_jax.run import assembly
 
@@ -103,19 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     for name, t in zip(names, timings, strict=True)
   ]
-  print(table(rows))
-  if any(r["recompiled"] for r in rows):
-    raise RuntimeError(f"a step recompiled on a later call: {rows}")
-  result = dict(
-    config=args.config,
-    arg=args.arg,
-    overrides=args.set,
-    repeats=args.repeats,
-    rows=rows,
-    machine=common.machine(),
-  )
-  common.write_json(args.json, result)
-  return result
+  return report(args, rows, table)
 
 
 if __name__ == "__main__":

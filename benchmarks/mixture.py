@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import common
-from benchmarks.phases import arguments
+from benchmarks.phases import arguments, report
 from benchmarks.workload import timed_together
 from starpo_jax.run import assembly
 
@@ -110,20 +110,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     for name, x, t in zip(names, configs, timings, strict=True)
   ]
-  print(table(rows))
-  if any(r["recompiled"] for r in rows):
-    raise RuntimeError(f"a step recompiled on a later call: {rows}")
-  result = dict(
-    config=args.config,
-    arg=args.arg,
-    overrides=args.set,
-    repeats=args.repeats,
-    rows=rows,
+  return report(
+    args,
+    rows,
+    table,
     against_parts=rows[0]["step_s"] / sum(r["step_s"] for r in rows[1:]),
-    machine=common.machine(),
   )
-  common.write_json(args.json, result)
-  return result
 
 
 if __name__ == "__main__":

@@ -160,6 +160,28 @@ def arguments(doc: str, argv: list[str] | None, default: str = "sokoban"):
   return args, config(args.config, args.arg, args.set)
 
 
+def report(
+  args: Any, rows: list[dict[str, Any]], table: Any, **extra: Any
+) -> dict[str, Any]:
+  """Prints a step benchmark's ``table(rows)``, refuses a step that
+  recompiled on a later call, and writes the result (the command line,
+  ``rows``, ``extra`` and the machine) to ``args.json``."""
+  print(table(rows))
+  if any(r["recompiled"] for r in rows):
+    raise RuntimeError(f"a step recompiled on a later call: {rows}")
+  result = dict(
+    config=args.config,
+    arg=args.arg,
+    overrides=args.set,
+    repeats=args.repeats,
+    rows=rows,
+    **extra,
+    machine=common.machine(),
+  )
+  common.write_json(args.json, result)
+  return result
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   args, c = arguments(__doc__, argv)
   played: dict[str, Any] = {}
