@@ -3,9 +3,10 @@ re-scored and trained seeing the system prompt and the last k turns.
 
 The references know nothing of the masks: attention written in NumPy from
 the rule, and a Hugging Face model (``transformers``) scoring a plain-Python
-rendering of the visible turns, cut from the trajectory by its replies
-alone (a turn runs from the end of the previous reply to the end of its
-own), at the tokens' places in the episode.
+rendering of the visible turns (``reference/context.py``), cut from the
+trajectory by its replies alone (a turn runs from the end of the previous
+reply to the end of its own): at the tokens' places in the episode
+(masked), or as a prompt of its own (re-prefilled).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import transformers
 from flax import nnx
 
 import envs
+from reference import context
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
 from starpo_jax.algo import logprobs, update
@@ -178,32 +180,9 @@ def played(mode: str, turns: int, model, tok, method: str = "mask"):
   return cfg, codec, play(model, codec, jax.random.key(4))
 
 
-def turns_by_replies(traj, row: int, system: int) -> np.ndarray:
-  """Each token's turn, cut at the replies' ends alone: the system prompt
-  (-1), then turn i from the end of reply i - 1 to the end of reply i;
-  -1 after the episode."""
-  generated = np.asarray(traj.loss_mask[row])
-  ends = [
-    i + 1
-    for i in range(len(generated) - 1)
-    if generated[i] and not generated[i + 1]
-  ]
-  out = np.full(len(generated), -1)
-  for i, (start, end) in enumerate(
-    zip([system, *ends[:-1]], ends, strict=True)
-  ):
-    out[start:end] = i
-  return out
-
-
-def visible(turns: np.ndarray, window: int) -> np.ndarray:
-  """``[L, L]`` bool: token i sees token j (causal; the system prompt and
-  the last ``window`` turns, 0: all)."""
-  seen = np.tri(len(turns), dtype=bool)
-  if window:
-    q, k = turns[:, None], turns[None, :]
-    seen &= (k < 0) | (k > q - window)
-  return seen
+def turns_of_row(traj, row: int, system: int) -> np.ndarray:
+  """Row ``row``'s turns, cut at its replies' ends (``reference``)."""
+  return context.turns_by_replies(np.asarray(traj.loss_mask[row]), system)
 
 
 def hf_logprobs(torch_model, tokens, temperature, allowed, **kwargs):
@@ -242,24 +221,23 @@ def test_replies_are_sampled_seeing_only_the_visible_turns(
   for row in range(CFG.batch):
     length = int(traj.length[row])
     tokens = np.asarray(traj.tokens[row, :length])
-    turns_of_row = turns_by_replies(traj, row, system)[:length]
+    turns = turns_of_row(traj, row, system)[:length]
     generated = np.asarray(traj.loss_mask[row, 1:length])
     want = recorded[row, 1:length][generated]
     # The whole episode, each token seeing what the rule lets it see.
-    seen = visible(turns_of_row, window)
+    seen = context.visible(turns, window)
     got = rescore(tokens, attention_mask=seen[None, None])
     np.testing.assert_allclose(want, got[generated], atol=1e-4)
     # The prompt of the last turn: the system prompt and the visible turns.
     last = CFG.max_turns - 1
-    places = np.flatnonzero(seen[np.flatnonzero(turns_of_row == last)[-1]])
+    places = np.flatnonzero(seen[np.flatnonzero(turns == last)[-1]])
     users = tok.decode(tokens[places]).count("<|im_start|>user")
     assert users == (window or CFG.max_turns)
     if window == 1:
       # Alone with the system prompt, each turn is exactly that rendering
       # (at its places in the episode): nothing hidden reaches it.
       for turn in range(CFG.max_turns):
-        places = np.flatnonzero((turns_of_row < 0) | (turns_of_row == turn))
-        places = places[places < np.flatnonzero(turns_of_row == turn)[-1] + 1]
+        places = context.rendered(turns, turn, 1)
         got = rescore(
           tokens[places],
           position_ids=places[None],
@@ -287,14 +265,10 @@ def test_a_reprefilled_reply_sees_its_re_rendered_prompt(
   for row in range(CFG.batch):
     length = int(traj.length[row])
     tokens = np.asarray(traj.tokens[row, :length])
-    turn_of = turns_by_replies(traj, row, system)[:length]
+    turn_of = turns_of_row(traj, row, system)[:length]
     generated = np.asarray(traj.loss_mask[row, :length])
     for turn in range(int(traj.num_turns[row])):
-      end = np.flatnonzero(turn_of == turn)[-1] + 1
-      places = np.flatnonzero(
-        (turn_of < 0) | ((turn_of > turn - window) & (turn_of <= turn))
-      )
-      places = places[places < end]
+      places = context.rendered(turn_of, turn, window)
       prompt = tok.decode(tokens[places])
       assert prompt.count("<|im_start|>user") == min(turn + 1, window)
       got = hf_logprobs(
