@@ -200,7 +200,9 @@ def test_the_filter_by_part_keeps_each_environments_share(built):
   ``filter.by_part`` each part keeps its own top groups."""
   from starpo_jax.algo import step as step_lib
 
-  setup, learner, state = built
+  setup, learner, _ = built
+  # A state of its own: the step test donates the fixture's.
+  state = assembly.init_state(setup, learner)
   spec = assembly.step_spec(setup, learner)
   key = step_keys(state)[0]
   kept = {}
