@@ -245,3 +245,31 @@ def test_the_mixture_config_names_its_parts():
   for bad in ("sokoban+chess", "sokoban+sokoban+frozen_lake"):
     with pytest.raises(ValueError, match=r"parts=.*divide 8 groups"):
       mixture_config.get_config(f"parts={bad}")
+
+
+def test_a_mixture_of_one_part_is_its_environment_alone():
+  """The machinery adds nothing of its own: a one-part mixture's warm-start
+  and RL steps give the plain run's metrics bit for bit (the part plays
+  with the step's key and its own codec), which is what lets a mixture's
+  results be read against single-environment runs."""
+
+  def first_steps(parts):
+    c = small({"sokoban": {"env": "sokoban", "groups": 2}}, 2)
+    if not parts:
+      c.env.mixture = {}
+    c.sft.steps = 1
+    setup = assembly.build(c)
+    learner = assembly.make_learner(setup)
+    state = assembly.init_state(setup, learner)
+    warm = assembly.compile_sft_step(setup, state, learner)
+    state, warm_metrics = warm(state, setup.codec)
+    rl = assembly.compile_step(setup, state, learner)
+    _, rl_metrics = rl(state, setup.codec)
+    return {**jax.device_get(warm_metrics), **jax.device_get(rl_metrics)}
+
+  alone, mixed = first_steps(False), first_steps(True)
+  assert alone["sft/loss"] > 0 and "rollout/sokoban/success" in mixed
+  shared = sorted(set(alone) & set(mixed) - {"time/step"})
+  assert len(shared) > 20
+  for k in shared:
+    np.testing.assert_array_equal(mixed[k], alone[k], err_msg=k)

@@ -124,6 +124,11 @@ class MixedCodec:
     return max(context_needed(c, cfg, turns) for c in self.parts)
 
 
+def part_codecs(codec: Any) -> tuple[Codec, ...]:
+  """Each part's codec: a ``MixedCodec``'s parts, or ``codec`` alone."""
+  return codec.parts if isinstance(codec, MixedCodec) else (codec,)
+
+
 def needed(codec: Any, cfg: RolloutConfig, turns: int) -> int:
   """The longest context ``turns`` turns of ``cfg`` fill with ``codec``
   (a ``MixedCodec``: its longest part's)."""
@@ -150,14 +155,21 @@ def play(
   constrain: Callable[[Any], Any] = lambda tree: tree,
 ) -> Trajectory:
   """``rollout`` of one environment, or of a ``Mixture`` (with its
-  ``MixedCodec``): each part with ``fold_in(key, i)``, joined along the
+  ``MixedCodec``): each part with ``fold_in(key, i)`` (a part alone with
+  ``key`` itself, so it plays as its environment would), joined along the
   batch."""
   if not isinstance(env, Mixture):
     return rollout(model, codec, env, cfg, key, constrain)
+  one = len(env.parts) == 1
   return join(
     [
       rollout(
-        model, c, part.env, part_cfg, jax.random.fold_in(key, i), constrain
+        model,
+        c,
+        part.env,
+        part_cfg,
+        key if one else jax.random.fold_in(key, i),
+        constrain,
       )
       for i, (part, c, part_cfg) in enumerate(
         zip(env.parts, codec.parts, env.configs(cfg), strict=True)

@@ -402,7 +402,7 @@ def make_sft_step(spec: WarmStartSpec, codec: Any, mesh: Any = None):
 
   def step(state: TrainState, codec: Any):
     key = jax.random.fold_in(state.key, state.step)
-    codecs = codec.parts if len(parts) > 1 else (codec,)
+    codecs = mixture.part_codecs(codec)
     played = [
       _expert_episodes(
         spec,
