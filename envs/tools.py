@@ -163,11 +163,18 @@ def _power(base: Fraction, exponent: Fraction) -> Fraction:
     raise ToolError(f"exponents are whole numbers up to {_MAX_EXPONENT}")
   if base == 0 and exponent < 0:
     raise ToolError("division by zero")
-  # log10 of the result's size bounds it before it is computed.
-  for part in (base.numerator, base.denominator):
-    if part and abs(exponent) * math.log10(abs(part)) > 15:
-      raise ToolError("number too large")
-  return base ** int(exponent)
+  e = int(exponent)
+  top, bottom = base.numerator, base.denominator
+  if e < 0:
+    top, bottom = bottom, top
+  # The result's size and denominator in digits, from logarithms, refuse a
+  # power far too large before it is computed (a digit's margin for
+  # rounding: ``_bounded`` decides exactly).
+  digits = lambda n: math.log10(abs(n)) if n else 0.0
+  size = abs(e) * (digits(top) - digits(bottom))
+  if size > 16 or abs(e) * digits(bottom) > 16:
+    raise ToolError("number too large")
+  return base**e
 
 
 def _evaluate(node: ast.AST) -> Fraction:

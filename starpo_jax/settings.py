@@ -14,6 +14,7 @@ naming settings the section does not have.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -68,9 +69,25 @@ def _expected(hint: Any) -> str:
   return getattr(hint, "__name__", None) or str(hint)
 
 
+# Every int setting is a size, a count or a seed that arrays and XLA hold
+# in 32 bits.
+INT_LIMIT = 2**31 - 1
+
+
+def _out_of_range(value: Any) -> str | None:
+  """Why a number its annotation allows still cannot be a setting."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return "must be finite"
+  is_int = isinstance(value, int) and not isinstance(value, bool)
+  if is_int and abs(value) > INT_LIMIT:
+    return f"must be at most {INT_LIMIT} in size"
+  return None
+
+
 def check(section: Any, name: str) -> None:
   """Raises ``ValueError`` naming the first field of dataclass ``section``
-  (config section ``name``) whose value its annotation does not allow."""
+  (config section ``name``) whose value its annotation does not allow, or
+  a number that is not finite or beyond 32 bits."""
   hints = get_type_hints(type(section))
   for field in dataclasses.fields(section):
     value, hint = getattr(section, field.name), hints[field.name]
@@ -78,6 +95,25 @@ def check(section: Any, name: str) -> None:
       raise ValueError(
         f"{name}: {field.name}={value!r}; expected {_expected(hint)}"
       )
+    why = _out_of_range(value)
+    if why:
+      raise ValueError(f"{name}: {field.name}={value!r} {why}")
+
+
+def within(section: Any, name: str, **bounds: tuple[Any, Any]) -> None:
+  """Raises ``ValueError`` naming the first of ``bounds``' fields of
+  ``section`` (config section ``name``) outside its range ``(low, high)``,
+  both included; ``None`` leaves that side open."""
+  for field, (low, high) in bounds.items():
+    value = getattr(section, field)
+    if (low is not None and value < low) or (high is not None and value > high):
+      if high is None:
+        allowed = f">= {low}"
+      elif low is None:
+        allowed = f"<= {high}"
+      else:
+        allowed = f"in [{low}, {high}]"
+      raise ValueError(f"{name}: {field}={value!r} must be {allowed}")
 
 
 def from_mapping(cls: type, values: Mapping[str, Any], name: str) -> Any:

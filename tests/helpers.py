@@ -5,18 +5,21 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import os
 import pathlib
 import struct
 from collections.abc import Callable, Iterator
 from unittest import mock
 
 import chex
+import hypothesis
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from reference import envs as ref
+from starpo_jax.algo.state import TrainState
 
 # A float32 sum of n terms taken in another order (another batch layout,
 # another device count, another CPU's kernels) moves by about
@@ -25,6 +28,34 @@ from reference import envs as ref
 # that are such sums (losses, gradients, an SGD step) agree to this
 # fraction of their own scale, never to a fixed absolute figure.
 F32_SUM_RTOL = float(np.sqrt(1e5) * np.finfo(np.float32).eps)
+
+
+# The fuzz tests try a few hundred generated inputs in the suite; the slow
+# opt-in run sets this many (docs/testing.md, "Bad inputs").
+FUZZ_EXAMPLES = os.environ.get("STARPO_FUZZ_EXAMPLES")
+
+
+def fuzz(examples: int) -> hypothesis.settings:
+  """Hypothesis settings for a fuzz test: ``examples`` generated inputs,
+  or ``$STARPO_FUZZ_EXAMPLES`` in the opt-in run."""
+  return hypothesis.settings(
+    max_examples=int(FUZZ_EXAMPLES or examples), deadline=None
+  )
+
+
+def small_state(value: float = 1.0, size: int = 3) -> TrainState:
+  """A train state of one parameter vector ``w`` full of ``value``, for
+  tests of checkpoints."""
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    policy=nnx.State({"w": nnx.Param(jnp.full(size, value))}),
+    policy_opt=None,
+    critic=None,
+    critic_opt=None,
+    reference=None,
+    key=jax.random.key(0),
+    nonfinite=jnp.zeros((), jnp.int32),
+  )
 
 
 def assert_close_at_scale(got, want, rtol: float = F32_SUM_RTOL, err_msg=""):

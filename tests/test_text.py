@@ -18,6 +18,7 @@ from reference import text as ref
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import prompt as prompt_lib
 from tests.envs.conftest import level_pool, to_numpy
+from tests.helpers import FUZZ_EXAMPLES
 from tests.text_fixtures import SETTINGS, TOKENIZERS, byte_token, env_variants
 
 MAX_TOKENS = 64
@@ -152,6 +153,7 @@ def codec_for(tok_name: str, env_name: str, think: bool) -> codec_lib.Codec:
 def test_jitted_parse_equals_the_regex_reference(
   tok_name, env_name, think, count
 ):
+  count = int(FUZZ_EXAMPLES or count)  # the opt-in run's (test_bad_inputs)
   tok = TOKENIZERS[tok_name]()
   codec = codec_for(tok_name, env_name, think)
   spec = envs.make(env_name).spec

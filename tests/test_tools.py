@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import envs
 from envs import tools
+from reference import tools as ref
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
 from starpo_jax.algo import diagnostics
@@ -34,19 +35,6 @@ from tests.text_fixtures import TOKENIZERS
 
 # ---------------------------------------------------------------------------
 # The call grammar
-
-
-def reference_call(text: str):
-  """The module docstring's grammar, with regular expressions."""
-  m = re.search(r"<tool>(.*?)</tool>", text, re.S)
-  if m is None or "</answer>" in text[: m.end()]:
-    return None
-  call = re.fullmatch(
-    r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(.*?)\s*", m[1], re.S | re.A
-  )
-  if call is None:
-    return "malformed"
-  return (call[1], call[2])
 
 
 FRAGMENTS = [
@@ -78,7 +66,7 @@ FRAGMENTS = [
 def test_call_parsing_matches_a_regex_reference(parts):
   text = "".join(parts)
   got = tools.parse_call(text)
-  want = reference_call(text)
+  want = ref.call(text)
   if isinstance(got, tools.Call):
     got = (got.name, got.input)
   elif isinstance(got, str):
@@ -112,7 +100,7 @@ def test_call_parsing_examples(text, want):
     got = (got.name, got.input)
   elif isinstance(got, str):
     got = "malformed"
-  assert got == want == reference_call(text)
+  assert got == want == ref.call(text)
 
 
 # ---------------------------------------------------------------------------
@@ -161,18 +149,6 @@ def expressions(draw, depth=3):
   return text, value
 
 
-def spelled(value: Fraction) -> str:
-  """An exact value as the calculator writes it, from Python's decimal
-  module: an integer, or up to six decimals, rounded half to even."""
-  import decimal
-
-  if value.denominator == 1:
-    return str(value.numerator)
-  d = decimal.Decimal(value.numerator) / decimal.Decimal(value.denominator)
-  text = f"{d.quantize(decimal.Decimal('0.000001')):f}".rstrip("0").rstrip(".")
-  return "0" if text in ("-0", "0") else text
-
-
 @settings(max_examples=600, deadline=None)
 @given(expressions())
 def test_calculator_matches_exact_arithmetic(expr):
@@ -181,7 +157,7 @@ def test_calculator_matches_exact_arithmetic(expr):
     with pytest.raises(tools.ToolError, match=value):
       tools.calculate(text)
   else:
-    assert tools.calculate(text) == spelled(value), text
+    assert tools.calculate(text) == ref.spelled(value), text
 
 
 @pytest.mark.parametrize(

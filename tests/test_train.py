@@ -17,6 +17,7 @@ import pytest
 from flax import nnx
 
 from configs import bandit
+from starpo_jax.algo import advantages as adv_lib
 from starpo_jax.cli import report
 from starpo_jax.run import assembly, checkpoint, preemption, train
 from starpo_jax.run import metrics as metrics_lib
@@ -133,7 +134,17 @@ def test_unwritable_workdir_gives_a_clear_error(tmp_path):
     train.run(bandit.get_config(None), str(blocker / "run"))
 
 
-def test_repeated_nonfinite_steps_stop_the_run_keeping_the_checkpoint(tmp_path):
+def test_repeated_nonfinite_steps_stop_the_run_keeping_the_checkpoint(
+  tmp_path, monkeypatch
+):
+  # NaN advantages, as a reward that overflows would give (the config
+  # refuses non-finite settings, so the fault is planted in the step).
+  compute = adv_lib.compute
+  monkeypatch.setattr(
+    adv_lib,
+    "compute",
+    lambda *a, **k: jax.tree.map(lambda x: x * np.nan, compute(*a, **k)),
+  )
   c = bandit.get_config(None)
   c.sft.steps = 0
   c.rollout.env_groups, c.rollout.group_size = 2, 4
@@ -143,7 +154,6 @@ def test_repeated_nonfinite_steps_stop_the_run_keeping_the_checkpoint(tmp_path):
   c.train.checkpoint_every = 1
   c.train.max_nonfinite_steps = 2
   c.diagnostics.collapse_every = c.diagnostics.gradients_every = 0  # faster
-  c.rollout.format_penalty = float("-inf")  # NaN advantages
   with pytest.raises(
     train.NonFiniteError, match="last good checkpoint is step 1"
   ):
@@ -151,7 +161,6 @@ def test_repeated_nonfinite_steps_stop_the_run_keeping_the_checkpoint(tmp_path):
   records = metrics_lib.read_metrics(str(tmp_path))
   assert [r["train/skipped_nonfinite"] > 0 for r in records] == [True, True]
   # The checkpoint holds the untouched initial parameters.
-  c.rollout.format_penalty = -0.1
   params = assembly.final_params(str(tmp_path), c)
   setup = assembly.build(c)
   state = assembly.init_state(setup, assembly.make_learner(setup))

@@ -54,6 +54,19 @@ class AlgoConfig:
 
   def __post_init__(self) -> None:
     settings.check(self, "algo")
+    settings.within(
+      self,
+      "algo",
+      gamma=(0, 1),
+      lam=(0, 1),
+      turn_gamma=(0, 1),
+      clip_low=(0, 1),
+      clip_high=(0, None),
+      dual_clip=(1, None),
+      entropy_coef=(0, None),
+      kl_coef=(0, None),
+      value_clip=(0, None),
+    )
     for name in ("epochs", "minibatches", "logits_chunk", "length_buckets"):
       if getattr(self, name) < 1:
         raise ValueError(f"algo: {name} must be >= 1")

@@ -55,6 +55,7 @@ class FilterConfig:
 
   def __post_init__(self) -> None:
     settings.check(self, "filter")
+    settings.within(self, "filter", selection_eps=(0, None))
     if self.value < 0:
       raise ValueError(f"filter: value={self.value} must be >= 0")
     if self.capacity < 0:

@@ -213,10 +213,14 @@ def _check_reply_fits(
     need, what = replies.turn_tokens(pieces), f"an answer of {pieces} pieces"
   else:
     actions = rollout_cfg.max_actions_per_turn
-    need, what = replies.turn_tokens(actions), f"a reply of {actions} actions"
+    need = replies.turn_tokens(actions)
+    what = f"a reply of {actions} actions (rollout.max_actions_per_turn)"
   if rollout_cfg.enable_think:
     need += reasoning_tokens
-    what += f" after {reasoning_tokens} of reasoning (sft.reasoning_tokens)"
+    what += (
+      f" after {reasoning_tokens} of reasoning (rollout.enable_think, "
+      "sft.reasoning_tokens)"
+    )
   budget = rollout_cfg.max_new_tokens
   if need > budget:
     raise ValueError(

@@ -67,7 +67,8 @@ class OptimConfig:
 
   def __post_init__(self) -> None:
     settings.check(self, "optim")
-    for name in ("lr", "critic_lr"):
+    settings.within(self, "optim", b1=(0, 1), b2=(0, 1), weight_decay=(0, None))
+    for name in ("lr", "critic_lr", "grad_clip"):
       if getattr(self, name) <= 0:
         raise ValueError(f"optim: {name}={getattr(self, name)} must be > 0")
     if self.warmup_steps < 0:

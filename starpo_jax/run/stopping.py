@@ -48,6 +48,9 @@ class StopConfig:
 
   def __post_init__(self) -> None:
     settings.check(self, "train.early_stop")
+    settings.within(
+      self, "train.early_stop", reward_std_fraction=(0, 1), min_success=(0, 1)
+    )
     for name in (
       "baseline_steps",
       "reward_std_patience",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import envs
@@ -167,7 +167,8 @@ def _environments(c: EnvConfig) -> tuple[Any, dict[str, Any]]:
     try:
       env = envs.batched(envs.make(c.name, **c.kwargs))
     except ValueError as e:
-      raise ConfigError(f"config.env: {e}") from None
+      field = "kwargs" if c.name in envs.REGISTRY else "name"
+      raise ConfigError(f"config.env.{field}: {e}") from None
     eval_envs = {}
   for tag, settings in eval_settings(c).items():
     if tag in eval_envs:
@@ -175,7 +176,11 @@ def _environments(c: EnvConfig) -> tuple[Any, dict[str, Any]]:
     if tag == "eval_train_env":
       eval_envs[tag] = env
       continue
-    where = "config.env" if tag == "eval" else f"config.env.eval_variants.{tag}"
+    where = (
+      "config.env.eval_kwargs"
+      if tag == "eval"
+      else f"config.env.eval_variants.{tag}"
+    )
     kwargs = dict(settings)
     name = kwargs.pop("env")
     try:
@@ -201,7 +206,12 @@ def eval_settings(c: EnvConfig) -> dict[str, dict[str, Any]]:
     if c.eval_kwargs:
       out["eval_train_env"] = {"env": c.name, **c.kwargs}
   for tag, overrides in c.eval_variants.items():
-    _check_tag(tag, f"config.env.eval_variants.{tag}", out)
+    where = f"config.env.eval_variants.{tag}"
+    _check_tag(tag, where, out)
+    if not isinstance(overrides, Mapping):
+      raise ConfigError(
+        f"{where}={overrides!r}; expected a mapping of the variant's settings"
+      )
     overrides = dict(overrides)
     name = overrides.pop("env", c.name)
     base = {}
@@ -246,13 +256,14 @@ def _mixture(c: EnvConfig) -> mixture.Mixture:
 
 
 @contextlib.contextmanager
-def as_config_error() -> Iterator[None]:
+def as_config_error(setting: str = "config.model") -> Iterator[None]:
   """A checkpoint or tokenizer that cannot be read is a setting that
-  cannot work: its error (naming the file) as ``ConfigError``."""
+  cannot work: its error (naming the file) as ``ConfigError`` naming
+  ``setting``."""
   try:
     yield
   except (checkpoints.CheckpointError, tokenizer_lib.TokenizerError) as e:
-    raise ConfigError(f"config.model: {e}") from None
+    raise ConfigError(f"{setting}: {e}") from None
 
 
 def _checkpoint(m: ModelSettings) -> str:
@@ -260,7 +271,7 @@ def _checkpoint(m: ModelSettings) -> str:
   name = m.ckpt or (m.preset if m.preset in checkpoints.PACKAGED else "")
   if not name:
     return ""
-  with as_config_error():
+  with as_config_error("config.model.ckpt" if m.ckpt else "config.model"):
     return checkpoints.resolve(name)
 
 
@@ -275,7 +286,8 @@ def _tokenizer(
   model (or a compile check) the compact one over the prompts' pieces."""
   tok_path = m.tokenizer or ckpt
   if tok_path:
-    with as_config_error():
+    field = "tokenizer" if m.tokenizer else "ckpt"
+    with as_config_error(f"config.model.{field}"):
       return checkpoints.tokenizer(tok_path)
   if m.preset == "tiny" or shapes_only:
     pieces = []
@@ -295,7 +307,7 @@ def _model_config(
   adapters."""
   checkpoint = None
   if ckpt:
-    with as_config_error():
+    with as_config_error("config.model.ckpt"):
       checkpoint = checkpoints.read_config(ckpt)
   try:
     model_cfg = run.model.architecture(checkpoint, tok.vocab_size)
@@ -308,8 +320,9 @@ def _model_config(
     )
   if model_cfg.lora is not None and run.sft.steps:
     raise ConfigError(
-      "config.model.lora: the warm start (config.sft.steps) trains the "
-      "whole model; run it without adapters, then start the LoRA run from "
-      "it with config.train.init_from"
+      f"config.model.lora.rank={model_cfg.lora.rank}: the warm start "
+      f"(config.sft.steps={run.sft.steps}) trains the whole model; run it "
+      "without adapters, then start the LoRA run from it with "
+      "config.train.init_from"
     )
   return model_cfg
