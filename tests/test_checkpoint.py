@@ -4,13 +4,12 @@ run keeps."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from starpo_jax.algo.state import TrainState
 from starpo_jax.run import checkpoint
+from tests.helpers import small_state
 
 
 def state(**arrays) -> nnx.State:
@@ -41,16 +40,7 @@ def test_the_digest_sees_every_value_its_place_its_dtype_and_its_name():
 
 
 def test_the_latest_and_the_warm_starts_last_step_are_kept(tmp_path):
-  state = TrainState(
-    step=jnp.zeros((), jnp.int32),
-    policy=nnx.State({"w": nnx.Param(jnp.ones(3))}),
-    policy_opt=None,
-    critic=None,
-    critic_opt=None,
-    reference=None,
-    key=jax.random.key(0),
-    nonfinite=jnp.zeros((), jnp.int32),
-  )
+  state = small_state()
   ckpt = checkpoint.Checkpointer(str(tmp_path), keep=2, also_keep=(2,))
   for step in range(1, 7):
     ckpt.save(step, state)

@@ -409,7 +409,13 @@ def _read(
   """One parameter, built shard by shard from the mapped tensors."""
 
   def one(name: str) -> np.ndarray:
-    return entry.to_ours(tensors[name].get(name))
+    value = tensors[name].get(name)
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+      raise CheckpointError(
+        f"{tensors[name].path}: tensor {name} has dtype {value.dtype}, "
+        "not a floating-point type"
+      )
+    return entry.to_ours(value)
 
   def callback(index: tuple[slice, ...]) -> np.ndarray:
     if not entry.stacked:

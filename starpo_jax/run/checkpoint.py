@@ -13,9 +13,11 @@ weights they were not trained on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -29,6 +31,28 @@ from starpo_jax.algo.state import TrainState
 
 class BaseMismatch(ValueError):
   """A LoRA checkpoint's adapters were trained on other base weights."""
+
+
+class DamagedCheckpoint(ValueError):
+  """A checkpoint that cannot be read back as this run's state."""
+
+
+@contextlib.contextmanager
+def _reading(where: str, step: int, steps: list[int]) -> Iterator[None]:
+  """Whatever stops Orbax reading step ``step`` in ``where`` (a file cut
+  short or missing, another model's shapes) as ``DamagedCheckpoint``
+  naming the checkpoint; nothing is deleted."""
+  try:
+    yield
+  except (BaseMismatch, DamagedCheckpoint):
+    raise
+  except Exception as e:
+    raise DamagedCheckpoint(
+      f"{os.path.join(where, str(step))}: cannot be restored "
+      f"({type(e).__name__}: {str(e)[:300]}); nothing was changed there "
+      f"(its steps: {steps}): move this one aside to resume from an "
+      "earlier one"
+    ) from None
 
 
 def _bits(x: jax.Array) -> jax.Array:
@@ -161,16 +185,17 @@ class Checkpointer:
       BaseMismatch: the checkpoint's adapters were trained on another base,
         or it is not of a LoRA run and ``base`` is given (or the reverse).
     """
-    saved_base = self._restore_run(step)["base"]
-    check_base(saved_base, base, f"step {step} in {self.directory}")
-    abstract = jax.tree.map(
-      ocp.utils.to_shape_dtype_struct, _to_saveable(like, base is not None)
-    )
-    saved = self.manager.restore(
-      step,
-      args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)),
-    )
-    return _from_saveable(saved["state"], like)
+    with _reading(self.directory, step, sorted(self.manager.all_steps())):
+      saved_base = self._restore_run(step)["base"]
+      check_base(saved_base, base, f"step {step} in {self.directory}")
+      abstract = jax.tree.map(
+        ocp.utils.to_shape_dtype_struct, _to_saveable(like, base is not None)
+      )
+      saved = self.manager.restore(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)),
+      )
+      return _from_saveable(saved["state"], like)
 
   def _restore_run(self, step: int) -> dict[str, Any]:
     return self.manager.restore(
@@ -245,12 +270,15 @@ def load_policy(
         f"no checkpoint at step {step} in {where!r}; it has steps {steps}"
       )
     chosen = steps[-1] if step is None else step
-    saved = manager.restore(
-      chosen,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(), run=ocp.args.JsonRestore()
-      ),
-    )
-    manager.close()
+    try:
+      with _reading(where, chosen, steps):
+        saved = manager.restore(
+          chosen,
+          args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(), run=ocp.args.JsonRestore()
+          ),
+        )
+    finally:
+      manager.close()
     return chosen, saved["state"]["policy"], saved["run"]["base"]
   raise FileNotFoundError(f"no checkpoint in {directory!r}")

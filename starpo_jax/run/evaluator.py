@@ -30,7 +30,7 @@ from starpo_jax.agent.mixture import Mixture
 from starpo_jax.algo import diagnostics
 from starpo_jax.algo.state import Learner
 from starpo_jax.models.tokenizer import Tokenizer
-from starpo_jax.run import assembly
+from starpo_jax.run import assembly, files
 from starpo_jax.run.sections import RunConfig
 
 
@@ -292,11 +292,12 @@ def _label(t: float) -> str:
 def _write_records(stem: str, records: list[dict], transcripts: int) -> None:
   """Every episode as a JSON line (``stem.jsonl``), the first
   ``transcripts`` as readable text (``stem.txt``)."""
-  with open(stem + ".jsonl", "w") as f:
-    for r in records:
-      f.write(json.dumps(r) + "\n")
-  with open(stem + ".txt", "w") as f:
-    f.write("\n\n".join(transcript(r) for r in records[:transcripts]))
+  files.write_atomically(
+    stem + ".jsonl", "".join(json.dumps(r) + "\n" for r in records)
+  )
+  files.write_atomically(
+    stem + ".txt", "\n\n".join(transcript(r) for r in records[:transcripts])
+  )
 
 
 def _policy(
@@ -398,8 +399,9 @@ def evaluate_checkpoint(
     )
     entry[_label(temp)] = evaluator.stats(traj)
     _write_episodes(out, evaluator, setup, name, temp, traj, transcripts)
-  with open(os.path.join(out, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=1)
+  files.write_atomically(
+    os.path.join(out, "summary.json"), json.dumps(summary, indent=1)
+  )
   return {**summary, "out": out}
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import jax
 
+from starpo_jax.run import files
+
 
 def _without_torch() -> type:
   """tensorboardX's ``SummaryWriter``, imported with PyTorch hidden:
@@ -49,12 +51,9 @@ class MetricWriter:
     """Drops records of steps after ``step`` (a resumed run redoes them)."""
     if not self.enabled or not os.path.exists(self.path):
       return
-    with open(self.path) as f:
-      records = [json.loads(line) for line in f if line.strip()]
-    with open(self.path, "w") as f:
-      for r in records:
-        if r["step"] <= step:
-          f.write(json.dumps(r) + "\n")
+    kept = [r for r in files.read_json_lines(self.path) if r["step"] <= step]
+    text = "".join(json.dumps(r) + "\n" for r in kept)
+    files.write_atomically(self.path, text)
 
   def write(self, step: int, metrics: dict[str, float]) -> None:
     if not self.enabled:
@@ -71,8 +70,12 @@ class MetricWriter:
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """``workdir``'s logged steps (a last line a kill cut short dropped).
+
+  Raises:
+    ValueError: naming the file and line of a damaged record.
+  """
+  return files.read_json_lines(os.path.join(workdir, "metrics.jsonl"))
 
 
 class Progress:

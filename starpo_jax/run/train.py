@@ -26,6 +26,7 @@ from starpo_jax.run import (
   assembly,
   checkpoint,
   evaluator,
+  files,
   preemption,
   presets,
   stopping,
@@ -85,8 +86,10 @@ class _Run:
     replaces nothing), with the paths it reads from absolute."""
     if not self.primary:
       return
-    with open(os.path.join(self.workdir, assembly.CONFIG_FILE), "w") as f:
-      f.write(assembly.to_json(self.setup.config))
+    files.write_atomically(
+      os.path.join(self.workdir, assembly.CONFIG_FILE),
+      assembly.to_json(self.setup.config),
+    )
 
   @property
   def every(self) -> int:
@@ -108,8 +111,9 @@ class _Run:
     line = f"early stop at step {step}: {reason}"
     self.print(line)
     if self.primary:
-      with open(os.path.join(self.workdir, "early_stop.txt"), "w") as f:
-        f.write(line + "\n")
+      files.write_atomically(
+        os.path.join(self.workdir, "early_stop.txt"), line + "\n"
+      )
 
   def evaluate(
     self, step: int, params: Any, verbose: bool = False
@@ -126,8 +130,9 @@ class _Run:
       where = os.path.join(self.workdir, "transcripts")
       os.makedirs(where, exist_ok=True)
       for name, body in transcripts.items():
-        with open(os.path.join(where, f"step{step:06d}_{name}.txt"), "w") as f:
-          f.write(body)
+        files.write_atomically(
+          os.path.join(where, f"step{step:06d}_{name}.txt"), body
+        )
     return metrics
 
   def describe(self, metrics: dict[str, float]) -> str:
@@ -196,10 +201,12 @@ def _restore(run: _Run, state: TrainState) -> TrainState:
   if adapters:
     run.base = assembly.base_of(run.setup, state.policy.filter(lora.WEIGHTS))
   if start is None:
+    # A run killed before its first checkpoint starts again from step 0.
+    run.writer.truncate_after(0)
     return state
   try:
     state = run.ckpt.restore(start, state, run.base)
-  except checkpoint.BaseMismatch as e:
+  except (checkpoint.BaseMismatch, checkpoint.DamagedCheckpoint) as e:
     raise assembly.ConfigError(str(e)) from None
   run.writer.truncate_after(start)
   run.print(f"resumed from step {start} in {run.workdir}")

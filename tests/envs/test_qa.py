@@ -143,6 +143,7 @@ BAD_FILES = [
   ("", "has no records"),
   (ROW + '{"query": "b", "resp', "line 2: not JSON"),
   (ROW + "[1, 2]\n", "line 2: want a JSON object"),
+  (ROW + "\udcff bad\n", "line 2: not UTF-8 text (byte 0: b'\\xff')"),
   ('{"q": "a", "r": "1"}\n', "none of the fields ['query', 'question']"),
   (ROW + '{"query": "b"}\n', "line 2: no field 'response'"),
   ('{"query": "a", "response": 7}\n', "line 1: field 'response' must be"),
@@ -154,7 +155,7 @@ BAD_FILES = [
 def test_bad_dataset_files_are_named(tmp_path, content, error):
   path = tmp_path / "bad.jsonl"
   if content is not None:
-    path.write_text(content)
+    path.write_bytes(content.encode("utf-8", "surrogateescape"))
   with pytest.raises(ValueError, match=r"bad\.jsonl") as e:
     dataset.load(str(path), data_dir=str(tmp_path / "tfds"))
   assert error in str(e.value)

@@ -120,6 +120,15 @@ BROKEN = {
     r"model\.safetensors: tensor model\.layers\.0\.mlp\.gate_proj\.weight has "
     r"shape \(96, 64\), expected \(128, 64\)",
   ),
+  "integer weights": (
+    lambda p: _rewrite_tensors(
+      p,
+      lambda t: t.update(
+        {"model.norm.weight": t["model.norm.weight"].astype(np.int32)}
+      ),
+    ),
+    r"model\.safetensors: tensor model\.norm\.weight has dtype int32",
+  ),
   "truncated file": (
     _truncate,
     r"model\.safetensors: truncated: tensor \S+ ends at data byte",

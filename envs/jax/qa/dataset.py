@@ -63,11 +63,18 @@ def _rows(path: str) -> Iterator[tuple[str, dict]]:
     for i, row in enumerate(table.to_pylist()):
       yield f"{path}, row {i}", row
     return
-  with open(path, encoding="utf-8") as f:
-    for line_no, line in enumerate(f, 1):
+  with open(path, "rb") as f:
+    for line_no, raw in enumerate(f, 1):
+      where = f"{path}, line {line_no}"
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        bad = raw[e.start : e.start + 1]
+        raise ValueError(
+          f"qa: {where}: not UTF-8 text (byte {e.start}: {bad!r})"
+        ) from None
       if not line.strip():
         continue
-      where = f"{path}, line {line_no}"
       try:
         row = json.loads(line)
       except json.JSONDecodeError as e:

@@ -39,7 +39,7 @@ def load_policy(
   """
   try:
     step, pure, base = checkpoint.load_policy(source, step)
-  except FileNotFoundError as e:
+  except (FileNotFoundError, checkpoint.DamagedCheckpoint) as e:
     raise ConfigError(f"{what}: {e}") from None
   if weights_only and base is not None:
     raise ConfigError(
