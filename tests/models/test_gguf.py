@@ -145,8 +145,24 @@ def _truncate(src: str, dst) -> str:
   return str(dst)
 
 
+def _unknown_type(src: str, dst) -> str:
+  """One tensor's quantization type set to an id GGML has not named."""
+  import gguf as gguf_lib
+
+  shutil.copy(src, dst)
+  reader = gguf_lib.GGUFReader(str(dst), "r+")
+  tensor = next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight")
+  tensor.field.parts[4][0] = 31  # the parts: name length, name, dims, type
+  del reader
+  return str(dst)
+
+
 BROKEN = {
   "truncated": (_truncate, r"not a readable GGUF file"),
+  "unknown quantization": (
+    _unknown_type,
+    r"not a readable GGUF file: .*\b31\b.* is not a valid GGMLQuantizationType",
+  ),
   "missing tensor": (
     lambda s, d: _rewrite(s, d, lambda f, t: t.pop("blk.1.ffn_up.weight")),
     r"tensor model\.layers\.1\.mlp\.up_proj\.weight is missing",
