@@ -184,6 +184,8 @@ class Checkpointer:
     Raises:
       BaseMismatch: the checkpoint's adapters were trained on another base,
         or it is not of a LoRA run and ``base`` is given (or the reverse).
+      DamagedCheckpoint: it cannot be read back onto ``like`` (a file cut
+        short or missing, another model's shapes).
     """
     with _reading(self.directory, step, sorted(self.manager.all_steps())):
       saved_base = self._restore_run(step)["base"]
@@ -252,6 +254,7 @@ def load_policy(
   Raises:
     FileNotFoundError: no checkpoint there, or none at ``step`` (the
       message lists the steps there are).
+    DamagedCheckpoint: the chosen one cannot be read.
   """
   for where in (os.path.join(directory, "checkpoints"), directory):
     if not os.path.isdir(where):
