@@ -430,7 +430,7 @@ def make_sft_step(spec: WarmStartSpec, codec: Any, mesh: Any = None):
       spec.rollout.temperature,
       codec.allowed,
       spec.logits_chunk,
-      Distribution.of(spec.rollout, codec).context,
+      Distribution.of(cfg, codec).context,
     )
     grad_fn = jax.value_and_grad(objective, has_aux=True)
     params, opt, stats, finite = apply_gradients(
