@@ -58,13 +58,16 @@ def small_state(value: float = 1.0, size: int = 3) -> TrainState:
   )
 
 
-def assert_close_at_scale(got, want, rtol: float = F32_SUM_RTOL, err_msg=""):
+def assert_close_at_scale(
+  got, want, rtol: float = F32_SUM_RTOL, err_msg="", terms: float = 0.0
+):
   """``got`` equals ``want`` to ``rtol`` of ``want``'s largest magnitude
   (a normwise comparison: an element near zero is held to its array's
-  scale, not to its own)."""
+  scale, not to its own), or of ``terms``, the magnitude of the terms
+  summed, where that is larger (a sum that cancels keeps their rounding)."""
   got, want = np.asarray(got), np.asarray(want)
   assert got.shape == want.shape, (got.shape, want.shape, err_msg)
-  scale = float(np.max(np.abs(want), initial=0.0))
+  scale = max(float(np.max(np.abs(want), initial=0.0)), terms)
   np.testing.assert_allclose(
     got, want, rtol=0, atol=rtol * scale, err_msg=err_msg
   )
