@@ -6,6 +6,7 @@ docs show answers ``--help``, and every table rendered from a JSON file
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -60,26 +61,48 @@ def modules() -> list[str]:
   )
 
 
+# Every command's --help in one process (one Python and one set of imports
+# instead of one per command: 3 CPU seconds instead of 43), each run as
+# `python -m` runs it; the absl flags a command defines are removed after
+# it, as its own process would never have had them.
+_ANSWER_HELP = """
+import contextlib, io, json, runpy, sys
+from absl import app, flags, logging
+shared = set(flags.FLAGS)
+answers = {}
+for m in sys.argv[1:]:
+  sys.argv = [m, "--help"]
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+    try:
+      runpy.run_module(m, run_name="__main__", alter_sys=True)
+      code = 0
+    except SystemExit as e:
+      code = e.code or 0
+    except Exception as e:
+      code = repr(e)
+  for name in set(flags.FLAGS) - shared:
+    delattr(flags.FLAGS, name)
+  answers[m] = [code, out.getvalue()[-500:]]
+print(json.dumps(answers))
+"""
+
+
 def test_every_documented_command_answers_help():
   names = modules()
   assert "starpo_jax.main" in names and "benchmarks.run" in names
-  env = dict(os.environ, PYTHONPATH=str(ROOT))
-  procs = {
-    m: subprocess.Popen(
-      [sys.executable, "-m", m, "--help"],
-      cwd=ROOT,
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-    )
-    for m in names
-  }
-  failed = {}
-  for m, p in procs.items():
-    out, err = p.communicate(timeout=300)
-    if p.returncode != 0 or not (out + err).strip():
-      failed[m] = (p.returncode, err[-500:])
+  out = subprocess.run(
+    [sys.executable, "-c", _ANSWER_HELP, *names],
+    cwd=ROOT,
+    env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  answers = json.loads(out.stdout.splitlines()[-1])
+  assert sorted(answers) == names
+  failed = {m: a for m, a in answers.items() if a[0] != 0 or not a[1].strip()}
   assert not failed, failed
 
 
