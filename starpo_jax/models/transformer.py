@@ -152,6 +152,47 @@ def _weight(param: Any, dtype: Any) -> Any:
   return w if w.dtype == dtype else w.astype(dtype)
 
 
+@jax.custom_vjp
+def dense(x: jax.Array, w: jax.Array) -> jax.Array:
+  """``x @ w`` (``x`` ``[B, T, D]``, ``w`` ``[D, F]``), whose weight
+  gradient transposes the narrower of its two operands.
+
+  JAX's own rule computes the weight gradient with the output's cotangent
+  as the dot's left operand, contracted over its leading (batch and time)
+  axes; XLA:CPU then transposes that cotangent in memory, fused into the
+  elementwise work that produced it. For the MLP's gate and up
+  projections that is a ``[tokens, intermediate]`` array written with a
+  stride of the token count: on a 2-core AMD EPYC the tiny model's
+  ``32 x 768`` update spent a quarter of its time in those transposes.
+  Here the narrower operand is the one transposed: the layer's input for
+  gate and up (``D`` < ``F``), the cotangent for down.
+  """
+  return jnp.einsum("BTD,DF->BTF", x, w)
+
+
+def _dense_fwd(x, w):
+  return dense(x, w), (x, w)
+
+
+def _dense_bwd(residuals, g):
+  x, w = residuals
+  dx = jnp.einsum("BTF,DF->BTD", g, w)
+  x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+  if x2.shape[1] <= g2.shape[1]:
+    dw = jnp.einsum("nd,nf->df", x2, g2)  # x, the narrower, transposed
+  else:
+    dw = jnp.einsum("nf,nd->fd", g2, x2).T  # g transposed, then dw
+  return dx, dw.astype(w.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+def _einsum(x: jax.Array, w: jax.Array) -> jax.Array:
+  """``x @ w`` with JAX's own gradient rule."""
+  return jnp.einsum("BTD,DF->BTF", x, w)
+
+
 class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
     d, h, kv, hd, p = (
@@ -230,12 +271,15 @@ class MLP(nnx.Module):
     self.up = _param(rngs, _normal, (d, f), (ax.EMBED, ax.MLP), p)
     self.down = _param(rngs, _normal, (f, d), (ax.MLP, ax.EMBED), p)
     self.dtype = jnp.dtype(cfg.dtype)
+    # LoRA's qwix intercepts the einsums it adapts; inside ``dense``'s own
+    # gradient rule its adapters would get none. Adapted layers keep JAX's.
+    self.project = dense if cfg.lora is None else _einsum
 
   def __call__(self, x: jax.Array) -> jax.Array:
     w = lambda p: _weight(p, self.dtype)
-    gate = jnp.einsum("BTD,DF->BTF", x, w(self.gate))
-    up = jnp.einsum("BTD,DF->BTF", x, w(self.up))
-    return jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate) * up, w(self.down))
+    gate = self.project(x, w(self.gate))
+    up = self.project(x, w(self.up))
+    return self.project(jax.nn.silu(gate) * up, w(self.down))
 
 
 class Block(nnx.Module):

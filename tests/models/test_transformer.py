@@ -26,6 +26,35 @@ def test_logits_match_transformers(hf_dir):
   assert np.abs(ours - theirs).max() <= 1e-4
 
 
+def test_mlp_weight_gradients_match_transformers(qwen2_dir):
+  # The MLP's projections have their own gradient rule (transformer.dense):
+  # gate and up (64 -> 96) transpose their input, down (96 -> 64) its
+  # output's cotangent. torch's autograd is the reference.
+  tokens = random_tokens((2, 24), seed=7)
+  targets = random_tokens((2, 24), seed=8)
+  graphdef, params = nnx.split(hf.load(qwen2_dir), nnx.Param)
+
+  def loss(params):
+    logits, _ = nnx.merge(graphdef, params)(jnp.asarray(tokens))
+    logp = jax.nn.log_softmax(logits)
+    return jnp.take_along_axis(logp, jnp.asarray(targets)[..., None], -1).sum()
+
+  ours = nnx.to_pure_dict(jax.jit(jax.grad(loss))(params))["layers"]["mlp"]
+  ref = transformers.AutoModelForCausalLM.from_pretrained(
+    qwen2_dir, dtype=torch.float32
+  )
+  logp = torch.log_softmax(ref(torch.tensor(tokens)).logits, -1)
+  logp.gather(-1, torch.tensor(targets)[..., None]).sum().backward()
+  for name in ("gate", "up", "down"):
+    for i, layer in enumerate(ref.model.layers):
+      want = getattr(layer.mlp, f"{name}_proj").weight.grad.numpy().T
+      got = np.asarray(ours[name][i])
+      assert np.abs(want).max() > 1e-3, name
+      np.testing.assert_allclose(
+        got, want, rtol=0, atol=1e-4 * np.abs(want).max(), err_msg=name
+      )
+
+
 def test_exported_model_reloads_in_transformers_with_the_same_logits(
   hf_dir, tmp_path
 ):
