@@ -335,23 +335,27 @@ def _row_backward(q, k, v, turns, o, lse, do, size):
   heads = lambda x: x.astype(jnp.float32).reshape(t, kv, n // kv, h)
   do_ = heads(do).transpose(1, 2, 0, 3)  # [K, G, T, H]
   delta = jnp.sum(do_ * heads(o).transpose(1, 2, 0, 3), axis=-1)  # [K, G, T]
-  dq, dk, dv = [], jnp.zeros_like(kk), jnp.zeros_like(vv)
+  # dk and dv are summed over queries as [K, H, S]: the query block's
+  # q and do (H wide) are the dots' transposed operands, not the [.., S]
+  # probabilities (XLA:CPU transposes a left operand contracted over its
+  # leading axes in memory).
+  dq, dk, dv = [], jnp.zeros((kv, h, t)), jnp.zeros((kv, h, t))
   for start, end in _blocks(t):
     qb, dob = qq[:, :, start:end], do_[:, :, start:end]
     s = jnp.einsum("KGTH,KSH->KGTS", qb, kk[:, :end])
     ok = _visible(start, end, turns, size)
     p = jnp.where(ok, jnp.exp(s - lse[:, :, start:end, None]), 0.0)
-    pad = ((0, 0), (0, t - end), (0, 0))
-    dv = dv + jnp.pad(jnp.einsum("KGTS,KGTH->KSH", p, dob), pad)
+    pad = ((0, 0), (0, 0), (0, t - end))
+    dv = dv + jnp.pad(jnp.einsum("KGTH,KGTS->KHS", dob, p), pad)
     dp = jnp.einsum("KGTH,KSH->KGTS", dob, vv[:, :end])
     ds = p * (dp - delta[:, :, start:end, None])
     dq.append(jnp.einsum("KGTS,KSH->KGTH", ds, kk[:, :end]) / math.sqrt(h))
-    dk = dk + jnp.pad(jnp.einsum("KGTS,KGTH->KSH", ds, qb), pad)
+    dk = dk + jnp.pad(jnp.einsum("KGTH,KGTS->KHS", qb, ds), pad)
   dq = jnp.concatenate(dq, axis=2).transpose(2, 0, 1, 3).reshape(t, n, h)
   return (
     dq.astype(q.dtype),
-    dk.transpose(1, 0, 2).astype(k.dtype),
-    dv.transpose(1, 0, 2).astype(v.dtype),
+    dk.transpose(2, 0, 1).astype(k.dtype),
+    dv.transpose(2, 0, 1).astype(v.dtype),
   )
 
 
