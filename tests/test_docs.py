@@ -27,19 +27,24 @@ def python_blocks(path: pathlib.Path) -> list[str]:
   return re.findall(r"^```python\n(.*?)^```", path.read_text(), re.M | re.S)
 
 
+def python(*args: str, cwd, timeout: int) -> subprocess.CompletedProcess:
+  """``python ARGS`` in ``cwd`` with this checkout importable."""
+  return subprocess.run(
+    [sys.executable, *args],
+    cwd=cwd,
+    env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+
+
 def test_the_walkthrough_runs(tmp_path):
   blocks = python_blocks(ROOT / "docs" / "adding_an_environment.md")
   assert len(blocks) == 8
   script = tmp_path / "walkthrough.py"
   script.write_text("\n\n".join(blocks))
-  out = subprocess.run(
-    [sys.executable, str(script)],
-    cwd=tmp_path,
-    env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
+  out = python(str(script), cwd=tmp_path, timeout=600)
   assert out.returncode == 0, out.stderr[-4000:]
   # The training run wrote its checkpoint and metrics where it said.
   run = tmp_path / "runs" / "corridor"
@@ -91,14 +96,7 @@ print(json.dumps(answers))
 def test_every_documented_command_answers_help():
   names = modules()
   assert "starpo_jax.main" in names and "benchmarks.run" in names
-  out = subprocess.run(
-    [sys.executable, "-c", _ANSWER_HELP, *names],
-    cwd=ROOT,
-    env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  out = python("-c", _ANSWER_HELP, *names, cwd=ROOT, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   answers = json.loads(out.stdout.splitlines()[-1])
   assert sorted(answers) == names
