@@ -264,6 +264,21 @@ ATTENTION_BLOCK = 128
 # Causal attention over a whole sequence runs at most this many query blocks.
 MAX_CAUSAL_BLOCKS = 16
 
+# Sequences attended together, one group per iteration of a row loop: as
+# many as keep the group's float32 scores within this many bytes. Short
+# sequences then share an iteration (a loop of tiny steps is bound by its
+# per-operation overhead), long ones keep one each (their scores in cache).
+ROW_GROUP_BYTES = 2 << 20
+
+
+def _rows_per_step(rows: int, heads: int, queries: int, keys: int):
+  """How many of ``rows`` sequences one iteration of a row loop takes
+  (``lax.map``'s ``batch_size``; None: one): a divisor of ``rows``, as
+  ``lax.map`` runs a remainder as a second, slow loop of its own."""
+  most = min(rows, ROW_GROUP_BYTES // (4 * heads * queries * keys))
+  group = max((d for d in range(1, most + 1) if rows % d == 0), default=1)
+  return group if group > 1 else None
+
 
 def blockwise(
   q: jax.Array, k: jax.Array, v: jax.Array, window: TurnWindow | None = None
@@ -366,15 +381,23 @@ def _row_attention(q, k, v, turns, size):
 
 
 def _row_attention_fwd(q, k, v, turns, size):
-  o, lse = jax.lax.map(lambda x: _row_forward(*x, size), (q, k, v, turns))
+  b, t, n = q.shape[:3]
+  o, lse = jax.lax.map(
+    lambda x: _row_forward(*x, size),
+    (q, k, v, turns),
+    batch_size=_rows_per_step(b, n, t, t),
+  )
   o = o.astype(v.dtype)
   return o, (q, k, v, turns, o, lse)
 
 
 def _row_attention_bwd(size, res, do):
   q, k, v, turns, o, lse = res
+  b, t, n = q.shape[:3]
   dq, dk, dv = jax.lax.map(
-    lambda x: _row_backward(*x, size), (q, k, v, turns, o, lse, do)
+    lambda x: _row_backward(*x, size),
+    (q, k, v, turns, o, lse, do),
+    batch_size=_rows_per_step(b, n, t, t),
   )
   return dq, dk, dv, None
 
@@ -515,4 +538,8 @@ def _row_prefill(
     o = jnp.einsum("KGTS,KSH->KGTH", p, vr.astype(jnp.float32))
     return o.transpose(2, 0, 1, 3).reshape(t, n, h).astype(v.dtype)
 
-  return jax.lax.map(one, (q, k, v, positions, hidden))
+  return jax.lax.map(
+    one,
+    (q, k, v, positions, hidden),
+    batch_size=_rows_per_step(q.shape[0], n, t, k.shape[2]),
+  )

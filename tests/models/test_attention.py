@@ -14,11 +14,11 @@ from starpo_jax import sharding
 from starpo_jax.models import attention
 
 
-def _qkv(length, heads, kv_heads, head_dim=16, seed=0):
+def _qkv(length, heads, kv_heads, head_dim=16, seed=0, rows=2):
   kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  q = jax.random.normal(kq, (2, length, heads, head_dim))
-  k = jax.random.normal(kk, (2, length, kv_heads, head_dim))
-  v = jax.random.normal(kv, (2, length, kv_heads, head_dim))
+  q = jax.random.normal(kq, (rows, length, heads, head_dim))
+  k = jax.random.normal(kk, (rows, length, kv_heads, head_dim))
+  v = jax.random.normal(kv, (rows, length, kv_heads, head_dim))
   return q, k, v
 
 
@@ -51,6 +51,19 @@ def test_blockwise_equals_reference(length, heads, kv_heads):
   # 16 * 128 + 40 tokens need more than MAX_CAUSAL_BLOCKS blocks of 128:
   # the block size grows instead.
   _check(attention.blockwise, *_qkv(length, heads, kv_heads, seed=length), 2e-5)
+
+
+@pytest.mark.parametrize("fit, group", [(1, None), (4, 3), (6, 6)])
+def test_blockwise_rows_grouped_per_iteration_equal_reference(
+  monkeypatch, fit, group
+):
+  # Scores for ``fit`` rows fit the budget; a group divides the six rows.
+  length, heads = 24, 4
+  monkeypatch.setattr(
+    attention, "ROW_GROUP_BYTES", fit * 4 * heads * length * length
+  )
+  assert attention._rows_per_step(6, heads, length, length) == group
+  _check(attention.blockwise, *_qkv(length, heads, 2, seed=3, rows=6), 2e-5)
 
 
 def test_splash_equals_reference_in_interpret_mode():
