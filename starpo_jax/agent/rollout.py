@@ -230,7 +230,8 @@ def rollout(
   if _layer_buffers(cfg):
     model = model.for_decoding()
   k_reset, k_sample = jax.random.split(key)
-  states = reset(env, cfg, k_reset)
+  with jax.named_scope("new_levels"):
+    states = reset(env, cfg, k_reset)
   if cfg.chunks == 1:
     return _play(model, codec, env, cfg, states, k_sample, constrain)
   if env.jittable is None:
@@ -272,14 +273,23 @@ def _play(
   carry = constrain(_start(model, codec, env, cfg, states, k_sample, chunk))
 
   def turn_body(c: Carry, turn: jax.Array) -> tuple[Carry, TurnRecord]:
-    p = prompt(model, codec, env, cfg, c, turn, chunk)
+    # Named scopes let a profile attribute the rollout's time to its parts
+    # (benchmarks.op_profile).
+    with jax.named_scope("prompt"):
+      p = prompt(model, codec, env, cfg, c, turn, chunk)
     d = decode(model, codec, cfg, turn, p.decode)
-    parsed = constrain(jax.vmap(codec.parse)(d.reply, d.count))
-    calls = call_tools(codec, d, p.active)
+    with jax.named_scope("parse"):
+      parsed = constrain(jax.vmap(codec.parse)(d.reply, d.count))
+    with jax.named_scope("tools"):
+      calls = call_tools(codec, d, p.active)
     # A reply that calls a tool has no answer (decoding stopped at
     # "</tool>"), so it steps nothing.
-    a, executed = act(env, cfg, c, parsed, p.active)
-    c, record = end_turn(codec, cfg, c, p, d, parsed, a, executed, turn, calls)
+    with jax.named_scope("environment"):
+      a, executed = act(env, cfg, c, parsed, p.active)
+    with jax.named_scope("end_turn"):
+      c, record = end_turn(
+        codec, cfg, c, p, d, parsed, a, executed, turn, calls
+      )
     return constrain(c), record
 
   c, turns = jax.lax.scan(turn_body, carry, jnp.arange(cfg.max_turns))

@@ -177,10 +177,11 @@ def prompt(
     cache = cache.replace(hidden=hidden_turns(codec, cfg, c, turn))
   if cfg.context_method == "reprefill":
     cache = reprefill(model, cfg, c.tokens, cache, chunk)
-  h, cache = prefill(
-    model, cfg, prompt, cache, jnp.where(active, count, 0), turn
-  )
-  last_h = jnp.take_along_axis(h, jnp.maximum(count - 1, 0)[:, None, None], 1)
+  with jax.named_scope("prefill"):
+    h, cache = prefill(
+      model, cfg, prompt, cache, jnp.where(active, count, 0), turn
+    )
+    last_h = jnp.take_along_axis(h, jnp.maximum(count - 1, 0)[:, None, None], 1)
   zero = jnp.zeros((b,), jnp.int32)
   return Prompted(
     active=active,
@@ -321,17 +322,20 @@ def decode_token(
   key, sub = jax.random.split(d.key)
   # A key per row, so a row samples the same tokens wherever ``decode``
   # has gathered it.
-  keys = jax.vmap(jax.random.fold_in, (None, 0))(sub, d.rows)
-  tok, logp = sampling.sample(keys, d.logits, cfg.sampling, codec.allowed)
-  dist = sampling.policy_logprobs(d.logits, cfg.temperature, codec.allowed)
-  ent = -jnp.sum(jnp.exp(dist) * dist, axis=-1)
+  with jax.named_scope("sample"):
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(sub, d.rows)
+    tok, logp = sampling.sample(keys, d.logits, cfg.sampling, codec.allowed)
+    dist = sampling.policy_logprobs(d.logits, cfg.temperature, codec.allowed)
+    ent = -jnp.sum(jnp.exp(dist) * dist, axis=-1)
   pos, live = d.cache.length, d.live
-  stop_state, hit = codec.stop_step(d.stop_state, tok)
-  tool_state = d.tool_state
-  if codec.tools is not None:
-    tool_state, tool_hit = codec.tool_stop_step(d.tool_state, tok)
-    hit = hit | tool_hit
-  logits, cache = model(tok[:, None], d.cache, live.astype(jnp.int32))
+  with jax.named_scope("stop"):
+    stop_state, hit = codec.stop_step(d.stop_state, tok)
+    tool_state = d.tool_state
+    if codec.tools is not None:
+      tool_state, tool_hit = codec.tool_stop_step(d.tool_state, tok)
+      hit = hit | tool_hit
+  with jax.named_scope("forward"):
+    logits, cache = model(tok[:, None], d.cache, live.astype(jnp.int32))
   stop_ids = jnp.asarray(codec.stop_ids, jnp.int32)
   stop = hit | jnp.isin(tok, stop_ids) | (cache.length >= cfg.max_context)
   return Decode(
