@@ -19,7 +19,9 @@ JSON (``benchmarks.run``, ``benchmarks.phases``,
 ``benchmarks.context_window``, ``benchmarks.mixture``,
 ``benchmarks.mixture_table``,
 ``benchmarks.tpu_memory``, ``benchmarks.learning_table``,
-``benchmarks.zero_shot_table``, ``benchmarks.variants_table``), so a
+``benchmarks.zero_shot_table``, ``benchmarks.variants_table``,
+``benchmarks.op_profile`` (``phase=`` and, for its operations, ``top=``),
+``benchmarks.loop_phases``, ``benchmarks.matmul``), so a
 document shows exactly what the command printed. ``tests/test_docs.py``
 fails when a table and its JSON disagree.
 """
@@ -121,6 +123,27 @@ def _zero_shot(data: dict[str, Any]) -> str:
   return zero_shot_table.table(kept)
 
 
+def _op_profile(data: dict[str, Any], phase: str, top: str = "") -> str:
+  from benchmarks import op_profile
+
+  result = data["phases"][phase]
+  if top:
+    return op_profile.ops_table(result, int(top))
+  return op_profile.parts_table(result)
+
+
+def _loop_phases(data: dict[str, Any]) -> str:
+  from benchmarks import loop_phases
+
+  return loop_phases.table(data)
+
+
+def _matmul(data: dict[str, Any]) -> str:
+  from benchmarks import matmul
+
+  return matmul.table(data["rows"])
+
+
 RENDERERS: dict[str, Callable[..., str]] = {
   "run": _run,
   "savings": _savings,
@@ -132,6 +155,9 @@ RENDERERS: dict[str, Callable[..., str]] = {
   "tpu_memory": _tpu_memory,
   "learning": _learning,
   "zero_shot": _zero_shot,
+  "op_profile": _op_profile,
+  "loop_phases": _loop_phases,
+  "matmul": _matmul,
 }
 
 

@@ -203,3 +203,30 @@ def test_a_torch_iteration_updates_the_weights(pair):
   assert np.isfinite(stats["loss"]) and stats["generated_tokens"] > 0
   after = list(pair.torch_model.parameters())
   assert any(not torch.equal(x, y) for x, y in zip(before, after, strict=True))
+
+
+def test_the_loops_clock_times_each_part_inside_its_phase(pair):
+  loop = pair.torch_loop("static")
+  loop.iteration()
+  seconds = dict(loop.clock.seconds)
+  rollout = (
+    "new levels",
+    "render prompt",
+    "prefill",
+    "decode: forward",
+    "decode: sample",
+    "decode: writes, stops",
+    "parse",
+    "environment",
+  )
+  assert set(seconds) == {
+    "collect",
+    "batch",
+    "select",
+    "advantages",
+    "update",
+  }.union(rollout)
+  assert all(s > 0 for s in seconds.values()), seconds
+  # The rollout's parts lie inside the collect, and hold most of it.
+  parts = sum(seconds[p] for p in rollout)
+  assert 0.5 * seconds["collect"] < parts <= seconds["collect"]

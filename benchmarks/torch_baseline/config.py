@@ -1,10 +1,15 @@
 """What the PyTorch baseline plays and how it samples: its ``Config``
-(read off the JAX run's setup, so both sides run one workload) and the
-log-probabilities of sampled tokens under the sampling distribution."""
+(read off the JAX run's setup, so both sides run one workload), the
+log-probabilities of sampled tokens under the sampling distribution, and
+the ``Clock`` that times the loop's parts."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -105,3 +110,27 @@ def token_logprobs(
   p = logp_all.exp()
   entropy = -(p * torch.where(p > 0, logp_all, 0.0)).sum(-1)
   return logp, entropy
+
+
+class Clock:
+  """Seconds spent in each named part of the loop, summed over calls:
+  ``with clock("prefill"): ...``. PyTorch runs synchronously on a CPU, so
+  a host timer is exact there; on a GPU each part waits for the device
+  (``torch.cuda.synchronize``) when it ends."""
+
+  def __init__(self, device: Any = "cpu"):
+    self.seconds: dict[str, float] = collections.Counter()
+    self._sync = (
+      torch.cuda.synchronize
+      if torch.device(device).type == "cuda"
+      else lambda: None
+    )
+
+  @contextlib.contextmanager
+  def __call__(self, part: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self._sync()
+      self.seconds[part] += time.perf_counter() - start

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import transformers
 
-from benchmarks.torch_baseline.config import Config, token_logprobs
+from benchmarks.torch_baseline.config import Clock, Config, token_logprobs
 from starpo_jax.models.tokenizer import Tokenizer
 
 
@@ -35,12 +35,14 @@ class Generator:
     allowed: torch.Tensor | None,
     kind: str = "dynamic",
     compile: bool = False,
+    clock: Clock | None = None,
   ):
     if kind not in ("dynamic", "static"):
       raise ValueError(f"generator kind {kind!r}; expected dynamic or static")
     self.model, self.tok, self.cfg, self.allowed = model, tok, cfg, allowed
     self.kind = kind
     self.device = next(model.parameters()).device
+    self.clock = clock or Clock(self.device)
     self.stop_ids = set(tok.stop_ids)
     close = tok.token_to_id("</answer>")
     if close is not None:
@@ -88,7 +90,8 @@ class Generator:
   ) -> tuple[list[list[int]], list[list[float]]]:
     """Responses and their log-probabilities for episodes ``rows``."""
     if self.kind == "dynamic":
-      return self._dynamic(contexts, gen)
+      with self.clock("generate (prefill, decode, sampling)"):
+        return self._dynamic(contexts, gen)
     return self._static(rows, prompts, gen)
 
   def _dynamic(self, contexts, gen):
@@ -155,6 +158,13 @@ class Generator:
     # Every episode of the rollout stays in the batch (static shapes); the
     # ones not playing this turn only have their slots masked out. The
     # previous turn's last sampled token enters the cache with this prompt.
+    with self.clock("prefill"):
+      logits, live = self._prefill(rows, prompts)
+    return self._decode_turn(rows, live, logits, gen)
+
+  def _prefill(self, rows, prompts):
+    """The turn's prompts of episodes ``rows`` into their caches: the
+    logits of their next tokens, and which rows play the turn."""
     b = self._valid.shape[0]
     d = self.device
     live = torch.zeros(b, dtype=torch.bool, device=d)
@@ -174,23 +184,32 @@ class Generator:
       tok, tok_pos = self._pending
       ids = torch.cat([tok[:, None], ids], 1)
       pos = torch.cat([tok_pos, pos], 1)
-    logits = self._forward(ids, pos, self.model.forward)
+    return self._forward(ids, pos, self.model.forward), live
+
+  def _decode_turn(self, rows, live, logits, gen):
+    """Samples the replies of episodes ``rows`` token by token."""
+    d, clock = self.device, self.clock
     finished = ~live
     stops = torch.tensor(sorted(self.stop_ids), device=d)
     out_tokens, out_logp = [], []
     for k in range(self.cfg.max_new_tokens):
-      tok, lp = self._sample(logits, gen)
-      tok = torch.where(finished, self.pad, tok)
-      out_tokens.append(tok)
-      out_logp.append(lp)
-      self._valid[:, self._length] = (~finished).long()
-      pos = self._next_pos[:, None].clone()
-      self._next_pos += (~finished).long()
-      finished = finished | torch.isin(tok, stops)
-      if bool(finished.all()) or k == self.cfg.max_new_tokens - 1:
+      with clock("decode: sample"):
+        tok, lp = self._sample(logits, gen)
+      with clock("decode: writes, stops"):
+        tok = torch.where(finished, self.pad, tok)
+        out_tokens.append(tok)
+        out_logp.append(lp)
+        self._valid[:, self._length] = (~finished).long()
+        pos = self._next_pos[:, None].clone()
+        self._next_pos += (~finished).long()
+        finished = finished | torch.isin(tok, stops)
+        last = bool(finished.all()) or k == self.cfg.max_new_tokens - 1
+      if last:
         self._pending = (tok, pos)
         break
-      logits = self._forward(tok[:, None], pos, self._decode)
-    new = torch.stack(out_tokens, 1)[rows]
-    logp = torch.stack(out_logp, 1)[rows]
-    return self._cut(new, logp)
+      with clock("decode: forward"):
+        logits = self._forward(tok[:, None], pos, self._decode)
+    with clock("decode: writes, stops"):
+      new = torch.stack(out_tokens, 1)[rows]
+      logp = torch.stack(out_logp, 1)[rows]
+      return self._cut(new, logp)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.torch_baseline.config import Config, token_logprobs
+from benchmarks.torch_baseline.config import Clock, Config, token_logprobs
 from benchmarks.torch_baseline.generator import Generator
 from reference import envs as ref
 from reference import text as reference_text
@@ -204,7 +204,7 @@ def rollout(
   gen: torch.Generator,
 ) -> Rollout:
   """Plays every level to the end: ``max_turns`` turns at most."""
-  cfg, tok = policy.cfg, policy.tok
+  cfg, tok, clock = policy.cfg, policy.tok, policy.clock
   eps = [
     Episode(lv, list(system), [False] * len(system), [0.0] * len(system))
     for lv in levels
@@ -219,14 +219,15 @@ def rollout(
     if not rows:
       break
     prompts = []
-    for i in rows:
-      chunk = _prompt_chunk(eps[i], turn, cfg, tok)
-      # What the cache has not seen: the system prompt, too, at first.
-      prompts.append((system if turn == 0 else []) + chunk)
+    with clock("render prompt"):
+      for i in rows:
+        chunk = _prompt_chunk(eps[i], turn, cfg, tok)
+        # What the cache has not seen: the system prompt, too, at first.
+        prompts.append((system if turn == 0 else []) + chunk)
     responses, logps = policy(rows, [eps[i].ids for i in rows], prompts, gen)
     for i, resp, lp in zip(rows, responses, logps, strict=True):
       generated += len(resp)
-      _play_reply(eps[i], resp, lp, turn, cfg, tok)
+      _play_reply(eps[i], resp, lp, turn, cfg, tok, clock)
   return Rollout(eps, generated)
 
 
@@ -250,28 +251,32 @@ def _prompt_chunk(e: Episode, turn: int, cfg: Config, tok: Tokenizer):
   return chunk
 
 
-def _play_reply(e: Episode, resp, lp, turn: int, cfg: Config, tok) -> None:
+def _play_reply(
+  e: Episode, resp, lp, turn: int, cfg: Config, tok, clock: Clock
+) -> None:
   """The reply appended to the episode (trained), its answer parsed and
   played in the episode's environment."""
   e.ids += resp
   e.mask += [True] * len(resp)
   e.logp += lp
   e.ended_by_stop = bool(resp) and resp[-1] == tok.token_to_id(tok.chat.stop)
-  # Ids past the tokenizer (a padded embedding) stand for no bytes.
-  open_tag = b"<think>" if cfg.enable_think else b"<answer>"
-  data = open_tag + b"".join(
-    tok.token_bytes(t) for t in resp if t < tok.vocab_size
-  )
-  _, actions = reference_text.parse(
-    data,
-    think=cfg.enable_think,
-    markers=reference_text.MARKERS,
-    max_actions=cfg.max_actions_per_turn,
-    action_names=("Up", "Down", "Left", "Right"),
-  )
-  reward, e.warn, env_done, e.used = ref.play_answer(
-    e.env, actions, e.used, cfg.max_actions_per_traj, cfg.format_penalty
-  )
+  with clock("parse"):
+    # Ids past the tokenizer (a padded embedding) stand for no bytes.
+    open_tag = b"<think>" if cfg.enable_think else b"<answer>"
+    data = open_tag + b"".join(
+      tok.token_bytes(t) for t in resp if t < tok.vocab_size
+    )
+    _, actions = reference_text.parse(
+      data,
+      think=cfg.enable_think,
+      markers=reference_text.MARKERS,
+      max_actions=cfg.max_actions_per_turn,
+      action_names=("Up", "Down", "Left", "Right"),
+    )
+  with clock("environment"):
+    reward, e.warn, env_done, e.used = ref.play_answer(
+      e.env, actions, e.used, cfg.max_actions_per_traj, cfg.format_penalty
+    )
   e.reward, e.ret = reward, e.ret + reward
   e.done = (
     env_done or e.used >= cfg.max_actions_per_traj or turn == cfg.max_turns - 1
@@ -358,22 +363,28 @@ def update(
   cfg: Config,
   allowed: torch.Tensor | None,
   gen: torch.Generator,
+  clock: Clock | None = None,
 ) -> dict[str, float]:
   """One epoch of shuffled minibatches of the clipped policy update, on
   the kept groups only (RAGEN slices them out): minibatches keep their
-  size (``batch / minibatches`` episodes), so fewer of them run."""
-  batch, groups = keep_groups(batch, cfg)
-  adv = grpo_advantages(batch["score"], groups)[:, None] * batch["mask"]
-  b = adv.shape[0]
-  order = torch.randperm(b, generator=gen)
-  mb = cfg.batch // cfg.minibatches
-  losses = []
-  for k in range(-(-b // mb)):
-    idx = order[k * mb : (k + 1) * mb]
-    pick = {name: v[idx] for name, v in batch.items()}
-    pick["adv"] = adv[idx]
-    pick = {name: v.to(model_device(model)) for name, v in pick.items()}
-    losses.append(minibatch_step(model, opt, pick, cfg, allowed))
+  size (``batch / minibatches`` episodes), so fewer of them run. ``clock``
+  times its parts."""
+  clock = clock or Clock(model_device(model))
+  with clock("select"):
+    batch, groups = keep_groups(batch, cfg)
+  with clock("advantages"):
+    adv = grpo_advantages(batch["score"], groups)[:, None] * batch["mask"]
+  with clock("update"):
+    b = adv.shape[0]
+    order = torch.randperm(b, generator=gen)
+    mb = cfg.batch // cfg.minibatches
+    losses = []
+    for k in range(-(-b // mb)):
+      idx = order[k * mb : (k + 1) * mb]
+      pick = {name: v[idx] for name, v in batch.items()}
+      pick["adv"] = adv[idx]
+      pick = {name: v.to(model_device(model)) for name, v in pick.items()}
+      losses.append(minibatch_step(model, opt, pick, cfg, allowed))
   return {"loss": float(np.mean(losses))}
 
 
@@ -410,7 +421,11 @@ class Loop:
       if allowed is None
       else torch.as_tensor(allowed).to(model_device(model))
     )
-    self.generator = Generator(model, tok, cfg, self.allowed, kind, compile)
+    # The seconds of each part of the loop, summed over its iterations.
+    self.clock = Clock(model_device(model))
+    self.generator = Generator(
+      model, tok, cfg, self.allowed, kind, compile, self.clock
+    )
     self.opt = optimizer(model, cfg)
     self.rng = random.Random(seed)
     self.gen = torch.Generator().manual_seed(seed)
@@ -424,13 +439,18 @@ class Loop:
 
   def rollout(self) -> Rollout:
     self.model.eval()
-    return rollout(self.generator, self.system, self.levels(), self.gen)
+    with self.clock("new levels"):
+      levels = self.levels()
+    return rollout(self.generator, self.system, levels, self.gen)
 
   def iteration(self) -> dict[str, float]:
-    played = self.rollout()
+    with self.clock("collect"):
+      played = self.rollout()
     self.model.train()
+    with self.clock("batch"):
+      batch = played.batch()
     stats = update(
-      self.model, self.opt, played.batch(), self.cfg, self.allowed, self.gen
+      self.model, self.opt, batch, self.cfg, self.allowed, self.gen, self.clock
     )
     return dict(
       stats,
