@@ -259,6 +259,26 @@ def _layer_buffers(cfg: RolloutConfig) -> bool:
   return cfg.layer_buffers == "on"
 
 
+def _turn(model, codec, env, cfg, c: Carry, turn, chunk: int, constrain):
+  """One turn of every episode: prompt, reply, parse, act, score. Named
+  scopes let a profile attribute the rollout's time to these parts
+  (``benchmarks.op_profile``)."""
+  with jax.named_scope("prompt"):
+    p = prompt(model, codec, env, cfg, c, turn, chunk)
+  d = decode(model, codec, cfg, turn, p.decode)
+  with jax.named_scope("parse"):
+    parsed = constrain(jax.vmap(codec.parse)(d.reply, d.count))
+  with jax.named_scope("tools"):
+    calls = call_tools(codec, d, p.active)
+  # A reply that calls a tool has no answer (decoding stopped at
+  # "</tool>"), so it steps nothing.
+  with jax.named_scope("environment"):
+    a, executed = act(env, cfg, c, parsed, p.active)
+  with jax.named_scope("end_turn"):
+    c, record = end_turn(codec, cfg, c, p, d, parsed, a, executed, turn, calls)
+  return constrain(c), record
+
+
 def _play(
   model: Policy,
   codec: Codec,
@@ -273,24 +293,7 @@ def _play(
   carry = constrain(_start(model, codec, env, cfg, states, k_sample, chunk))
 
   def turn_body(c: Carry, turn: jax.Array) -> tuple[Carry, TurnRecord]:
-    # Named scopes let a profile attribute the rollout's time to its parts
-    # (benchmarks.op_profile).
-    with jax.named_scope("prompt"):
-      p = prompt(model, codec, env, cfg, c, turn, chunk)
-    d = decode(model, codec, cfg, turn, p.decode)
-    with jax.named_scope("parse"):
-      parsed = constrain(jax.vmap(codec.parse)(d.reply, d.count))
-    with jax.named_scope("tools"):
-      calls = call_tools(codec, d, p.active)
-    # A reply that calls a tool has no answer (decoding stopped at
-    # "</tool>"), so it steps nothing.
-    with jax.named_scope("environment"):
-      a, executed = act(env, cfg, c, parsed, p.active)
-    with jax.named_scope("end_turn"):
-      c, record = end_turn(
-        codec, cfg, c, p, d, parsed, a, executed, turn, calls
-      )
-    return constrain(c), record
+    return _turn(model, codec, env, cfg, c, turn, chunk, constrain)
 
   c, turns = jax.lax.scan(turn_body, carry, jnp.arange(cfg.max_turns))
   turns = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), turns)  # [B, K]
