@@ -62,8 +62,9 @@ def jax_side(args: argparse.Namespace) -> dict[str, Any]:
 
   pair = _pair(args)
   pair.init_jax()  # writes the weights the PyTorch side loads
-  timed = phases.phases(pair.config, args.repeats, {})
-  fn, fn_args = op_profile.jitted_phases(pair.config)["collect"]
+  played: dict[str, Any] = {}
+  timed = phases.phases(pair.config, args.repeats, played)
+  fn, fn_args = played["collect"]
   shares = op_profile.profile(fn, fn_args, 2, op_profile.rollout_part)
   out = dict(
     workload=pair.describe(),

@@ -55,7 +55,8 @@ def masked(c):
 
 def phases(c, repeats: int, played: dict[str, Any]) -> dict[str, Any]:
   """Seconds per phase (and compile seconds) of config ``c``. The first
-  call plays the rollout that later ones reuse (``played``)."""
+  call plays the rollout that later ones reuse (``played``: also the
+  jitted collect and its arguments)."""
   setup = assembly.build(c)
   learner = assembly.make_learner(setup)
   state = played.setdefault("state", assembly.init_state(setup, learner))
@@ -67,6 +68,7 @@ def phases(c, repeats: int, played: dict[str, Any]) -> dict[str, Any]:
   first, out["collect"] = common.time_jitted(
     collect, state, setup.codec, k_roll, repeats=repeats
   )
+  played.setdefault("collect", (collect, (state, setup.codec, k_roll)))
   out["collect_compile"] = first - out["collect"]
   traj = played.setdefault("traj", collect(state, setup.codec, k_roll))
 
