@@ -264,6 +264,12 @@ ATTENTION_BLOCK = 128
 # Causal attention over a whole sequence runs at most this many query blocks.
 MAX_CAUSAL_BLOCKS = 16
 
+# A turn's prefill attends to the cache's slots up to the furthest one in
+# use, rounded up to a block of at least ATTENTION_BLOCK: at most this many
+# prefix lengths, each a compiled branch (each costs about a tenth of a
+# rollout's compile; a half-empty cache halves the prefill's attention).
+MAX_PREFILL_LENGTHS = 2
+
 # Sequences attended together, one group per iteration of a row loop: as
 # many as keep the group's float32 scores within this many bytes. Short
 # sequences then share an iteration (a loop of tiny steps is bound by its
@@ -516,21 +522,37 @@ def _row_prefill(
   positions: jax.Array,
   hidden: jax.Array | None,
 ) -> jax.Array:
-  """``cached_attention`` of several queries, one sequence at a time.
+  """``cached_attention`` of several queries, one sequence at a time,
+  against the cache's slots up to the furthest position any query needs
+  (rounded up to a block: one compiled branch per length, ``lax.switch``).
 
-  On CPU a sequence's scores against the whole cache stay in cache, which
-  is about 3x faster for a turn's prompt than the block loop (that loop
-  visits only the slots in use, and streams them: the better choice for
-  one query, and on accelerators).
+  On CPU a sequence's scores against the cache stay in cache, which is
+  about 3x faster for a turn's prompt than the block loop (that loop
+  streams its blocks: the better choice for one query, and on
+  accelerators).
   """
+  size = k.shape[2]
+  blk = max(ATTENTION_BLOCK, -(-size // MAX_PREFILL_LENGTHS))
+  lengths = [min(size, end) for end in range(blk, size + blk, blk)]
+  attend = [functools.partial(_prefill_upto, n) for n in lengths]
+  if len(attend) == 1:
+    return attend[0](q, k, v, positions, hidden)
+  needed = jnp.minimum(jnp.max(positions) + 1, size)
+  which = jnp.maximum(needed - 1, 0) // blk
+  return jax.lax.switch(which, attend, q, k, v, positions, hidden)
+
+
+def _prefill_upto(length, q, k, v, positions, hidden):
+  """``_row_prefill`` against the first ``length`` slots of the cache."""
   t, n, h = q.shape[1:]
   kv = k.shape[1]
 
   def one(x):
     qr, kr, vr, pr, span = x  # [T, N, H], [K, S, H], [K, S, H], [T], [2]|None
+    kr, vr = kr[:, :length].astype(jnp.float32), vr[:, :length]
     qq = qr.astype(jnp.float32).reshape(t, kv, n // kv, h).transpose(1, 2, 0, 3)
-    s = jnp.einsum("KGTH,KSH->KGTS", qq / math.sqrt(h), kr.astype(jnp.float32))
-    slots = jnp.arange(kr.shape[1])
+    s = jnp.einsum("KGTH,KSH->KGTS", qq / math.sqrt(h), kr)
+    slots = jnp.arange(length)
     ok = slots[None, :] <= pr[:, None]
     if span is not None:
       ok = ok & ~_in_span(slots, span)[None, :]
@@ -541,5 +563,5 @@ def _row_prefill(
   return jax.lax.map(
     one,
     (q, k, v, positions, hidden),
-    batch_size=_rows_per_step(q.shape[0], n, t, k.shape[2]),
+    batch_size=_rows_per_step(q.shape[0], n, t, length),
   )

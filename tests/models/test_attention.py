@@ -129,3 +129,43 @@ def test_platform_is_the_traced_meshs():
   jax.jit(sharding.traced_for(mesh, fn))(jnp.zeros(()))
   jax.jit(sharding.traced_for(None, fn))(jnp.ones(()))
   assert seen == [mesh.devices.flat[0].platform, jax.default_backend()]
+
+
+def _cached_reference(q, k, v, positions, hidden):
+  """NumPy: query (b, t) of head n sees the cache slots up to its
+  position outside ``hidden[b]``'s [start, end), of kv head n // G."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  b, t, n, h = q.shape
+  g = n // k.shape[1]
+  out = np.zeros_like(q)
+  for row in range(b):
+    for i in range(t):
+      slots = np.arange(k.shape[2])
+      ok = slots <= positions[row, i]
+      ok &= ~((slots >= hidden[row, 0]) & (slots < hidden[row, 1]))
+      for head in range(n):
+        s = k[row, head // g] @ q[row, i, head] / np.sqrt(h)
+        p = np.where(ok, np.exp(s - s[ok].max()), 0.0)
+        out[row, i, head] = (p / p.sum()) @ v[row, head // g]
+  return out
+
+
+@pytest.mark.parametrize("furthest", [40, 200, 299])
+def test_cached_prefill_sees_exactly_its_slots_whatever_prefix_it_takes(
+  furthest,
+):
+  # A 300-slot cache is attended in prefixes of 150 or 300 slots, the
+  # shorter one when it holds the furthest query; row 1 hides slots 3 to 9.
+  rows, t, heads, kv_heads, h, size = 3, 5, 4, 2, 16, 300
+  kq, kk, kv = jax.random.split(jax.random.key(furthest), 3)
+  q = jax.random.normal(kq, (rows, t, heads, h))
+  k = jax.random.normal(kk, (rows, kv_heads, size, h))
+  v = jax.random.normal(kv, (rows, kv_heads, size, h))
+  positions = np.array([[furthest - 4 + i for i in range(t)]] * rows)
+  positions[2] = np.arange(t) + 10
+  hidden = np.array([[0, 0], [3, 10], [0, 0]])
+  got = jax.jit(attention.cached)(
+    q, k, v, jnp.asarray(positions, jnp.int32), jnp.asarray(hidden)
+  )
+  want = _cached_reference(q, k, v, positions, hidden)
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
