@@ -81,12 +81,13 @@ def test_mesh_flag_is_checked():
 def test_step_compiles_for_a_tpu_topology(tmp_path):
   # libtpu (jax[tpu], a test dependency) compiles for TPU chips this CPU
   # machine does not have; the TPU's attention kernel (Pallas splash,
-  # per device in shard_map) is the one compiled. With LoRA adapters (the
-  # qwix interception compiles for TPU too).
+  # per device in shard_map) is the one compiled: in the first of two
+  # layers (the last one's queries are only the scored tokens'). With LoRA
+  # adapters (the qwix interception compiles for TPU too).
   report = tmp_path / "report.json"
   out = compile_check(
     "--config=configs/bandit.py:algo=grpo",
-    "--config.model.num_layers=1",
+    "--config.model.num_layers=2",
     "--config.model.lora.rank=4",
     "--config.sft.steps=0",
     "--config.diagnostics.collapse_every=0",  # compiles faster

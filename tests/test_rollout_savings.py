@@ -45,9 +45,9 @@ class Spy:
   def init_cache(self, batch, size):
     return self.model.init_cache(batch, size)
 
-  def hidden(self, tokens, cache, num_new=None):
+  def hidden(self, tokens, cache, num_new=None, at=None):
     jax.debug.callback(lambda: self.seen.append(tokens.shape[0]))
-    return self.model.hidden(tokens, cache, num_new)
+    return self.model.hidden(tokens, cache, num_new, at=at)
 
   def logits(self, h):
     return self.model.logits(h)

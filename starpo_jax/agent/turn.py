@@ -142,7 +142,9 @@ class Policy(Protocol):
 
   def init_cache(self, batch: int, size: int) -> Any: ...
 
-  def hidden(self, tokens, cache, num_new=None) -> tuple[jax.Array, Any]: ...
+  def hidden(
+    self, tokens, cache, num_new=None, at=None
+  ) -> tuple[jax.Array, Any]: ...
 
   def logits(self, h: jax.Array) -> jax.Array: ...
 
@@ -178,10 +180,10 @@ def prompt(
   if cfg.context_method == "reprefill":
     cache = reprefill(model, cfg, c.tokens, cache, chunk)
   with jax.named_scope("prefill"):
-    h, cache = prefill(
-      model, cfg, prompt, cache, jnp.where(active, count, 0), turn
+    last = jnp.maximum(count - 1, 0)[:, None]
+    last_h, cache = prefill(
+      model, cfg, prompt, cache, jnp.where(active, count, 0), turn, last
     )
-    last_h = jnp.take_along_axis(h, jnp.maximum(count - 1, 0)[:, None, None], 1)
   zero = jnp.zeros((b,), jnp.int32)
   return Prompted(
     active=active,
@@ -283,8 +285,9 @@ def prefill(
   cache: Any,
   num: jax.Array,
   turn: jax.Array,
+  at: jax.Array | None = None,
 ) -> tuple[jax.Array, Any]:
-  """``model.hidden(prompt, cache, num)``; with ``cfg.share_prefix``
+  """``model.hidden(prompt, cache, num, at=at)``; with ``cfg.share_prefix``
   computed once per group where that is exact: on the first turn (every
   cache then holds the same system prompt) when each group's members have
   the same prompt tokens and counts (they play one level). The group's
@@ -292,7 +295,7 @@ def prefill(
   the others. Any other turn or batch prefills every row. Both paths are
   compiled; the one taken is chosen on device."""
   if not cfg.share_prefix or model.depends_on_row:
-    return model.hidden(prompt, cache, num)
+    return model.hidden(prompt, cache, num, at=at)
   g = cfg.group_size
   tokens = prompt.reshape(-1, g, prompt.shape[1])
   counts = num.reshape(-1, g)
@@ -305,11 +308,16 @@ def prefill(
   grow = lambda x: jnp.repeat(x, g, axis=0)
 
   def once(_):
-    h, c = model.hidden(first(prompt), jax.tree.map(first, cache), first(num))
+    h, c = model.hidden(
+      first(prompt),
+      jax.tree.map(first, cache),
+      first(num),
+      at=None if at is None else first(at),
+    )
     return grow(h), jax.tree.map(grow, c)
 
   return jax.lax.cond(
-    same, once, lambda _: model.hidden(prompt, cache, num), None
+    same, once, lambda _: model.hidden(prompt, cache, num, at=at), None
   )
 
 

@@ -76,11 +76,12 @@ class ScriptedPolicy:
     rows = jnp.arange(pos.shape[0]) % self.script.shape[0]
     return self.script[rows, jnp.clip(pos, 0, self.script.shape[1] - 1)]
 
-  def hidden(self, tokens, cache, num_new=None):
+  def hidden(self, tokens, cache, num_new=None, at=None):
     if num_new is None:
       num_new = jnp.full(tokens.shape[:1], tokens.shape[1], jnp.int32)
     nxt = self._next(cache.pos).astype(jnp.float32)
-    h = jnp.broadcast_to(nxt[:, None, None], (*tokens.shape, 1))
+    shape = tokens.shape if at is None else at.shape
+    h = jnp.broadcast_to(nxt[:, None, None], (*shape, 1))
     return h, cache.replace(length=cache.length + num_new)
 
   def logits(self, h):

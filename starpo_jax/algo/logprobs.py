@@ -94,11 +94,9 @@ def _before_each(
   before = jnp.maximum(positions - 1, 0)
   if window is not None and window.width:
     return _reprefilled(model, tokens, before, window.cut(tokens.shape[1]))
-  if window is None:
-    h, _ = model.hidden(tokens)
-  else:
-    h, _ = model.hidden(tokens, window=window.cut(tokens.shape[1]))
-  return jnp.take_along_axis(h, before[..., None], axis=1)
+  if window is not None:
+    window = window.cut(tokens.shape[1])
+  return model.hidden(tokens, window=window, at=before)[0]
 
 
 def _reprefilled(

@@ -411,6 +411,39 @@ def _row_attention_bwd(size, res, do):
 _row_attention.defvjp(_row_attention_fwd, _row_attention_bwd)
 
 
+def at_tokens(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  at: jax.Array,
+  window: TurnWindow | None = None,
+) -> jax.Array:
+  """Causal attention of the tokens ``at [B, G]`` (indices into ``k``,
+  ``v``: ``[B, T, K, H]``; their queries ``q [B, G, N, H]``) to the
+  sequence (and by turn, ``window``): ``Transformer.hidden``'s last layer
+  with ``at``. Scores are ``[G, T]`` a sequence, in row groups that stay
+  in cache on CPU (all rows at once elsewhere), each rematerialised: a
+  backward keeps no scores. Returns ``[B, G, N, H]``."""
+  (b, g, n), t = q.shape[:3], k.shape[1]
+  turns = None if window is None else window.turns
+  size = 0 if window is None else window.size
+
+  @jax.checkpoint
+  def one(x):
+    qr, kr, vr, ar, tr = x  # [G, N, H], [T, K, H] x2, [G], [T] | None
+    qq, kk, vv = _head_major(qr, kr, vr)
+    s = jnp.einsum("KGQH,KSH->KGQS", qq, kk)
+    ok = jnp.arange(t)[None, :] <= ar[:, None]
+    if tr is not None:
+      ok = ok & TurnWindow(tr, size).sees(tr[ar], tr)
+    p = jax.nn.softmax(jnp.where(ok, s, -jnp.inf), axis=-1)
+    o = jnp.einsum("KGQS,KSH->KGQH", p, vv)
+    return o.transpose(2, 0, 1, 3).reshape(qr.shape).astype(v.dtype)
+
+  group = _rows_per_step(b, n, g, t) if platform() == "cpu" else b
+  return jax.lax.map(one, (q, k, v, at, turns), batch_size=group)
+
+
 # ---------------------------------------------------------------------------
 # Decoding against a KV cache
 

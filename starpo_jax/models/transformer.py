@@ -188,6 +188,11 @@ def _dense_bwd(residuals, g):
 dense.defvjp(_dense_fwd, _dense_bwd)
 
 
+def _take(x: jax.Array, at: jax.Array) -> jax.Array:
+  """``x [B, T, ...]`` at the tokens ``at [B, G]``: ``[B, G, ...]``."""
+  return jax.vmap(lambda row, i: row[i])(x, at)
+
+
 def _einsum(x: jax.Array, w: jax.Array) -> jax.Array:
   """``x @ w`` with JAX's own gradient rule."""
   return jnp.einsum("BTD,DF->BTF", x, w)
@@ -236,18 +241,27 @@ class Attention(nnx.Module):
     inv_freq: jax.Array,
     cache: tuple[jax.Array, ...] | None,
     window: attention.TurnWindow | None = None,
+    at: jax.Array | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """``cache``: the layer's keys, values, the cache's hidden span and
     its positions' shift (``KVCache``); ``window``: the turns each token
-    sees (uncached calls). ``positions`` are the tokens' slots."""
+    sees (uncached calls). ``positions`` are the tokens' slots. ``at [B,
+    G]``: only these tokens' queries and outputs (every token's keys and
+    values): ``[B, G, D]``."""
     rotary = positions
     if cache is not None and cache[3] is not None:
       rotary = positions - cache[3][:, None]
-    q = rope(self.project(x, "q"), rotary, inv_freq)
+    xq, q_rotary, q_slots = x, rotary, positions
+    if at is not None:
+      xq, q_rotary, q_slots = (_take(a, at) for a in (x, rotary, positions))
+    q = rope(self.project(xq, "q"), q_rotary, inv_freq)
     k = rope(self.project(x, "k"), rotary, inv_freq)
     v = self.project(x, "v")
     if cache is None:
-      out = attention.causal(q, k, v, self.implementation, window)
+      if at is None:
+        out = attention.causal(q, k, v, self.implementation, window)
+      else:
+        out = attention.at_tokens(q, k, v, at, window)
       new_cache = None
     else:
       k_cache, v_cache, hidden, _ = cache
@@ -258,7 +272,7 @@ class Attention(nnx.Module):
         new.astype(c.dtype), mode="drop"
       )
       k_cache, v_cache = write(k_cache, k), write(v_cache, v)
-      out = attention.cached(q, k_cache, v_cache, positions, hidden)
+      out = attention.cached(q, k_cache, v_cache, q_slots, hidden)
       new_cache = (k_cache, v_cache)
     o = _weight(self.o, self.dtype)
     return jnp.einsum("BTNH,NHD->BTD", out, o), new_cache
@@ -289,8 +303,14 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg, rngs)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, positions, inv_freq, cache, window=None):
-    h, cache = self.attn(self.attn_norm(x), positions, inv_freq, cache, window)
+  def __call__(self, x, positions, inv_freq, cache, window=None, at=None):
+    """``at [B, G]``: the block's output at these tokens only, ``[B, G,
+    D]`` (``Attention``)."""
+    h, cache = self.attn(
+      self.attn_norm(x), positions, inv_freq, cache, window, at
+    )
+    if at is not None:
+      x = _take(x, at)
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), cache
 
@@ -358,6 +378,7 @@ class Transformer(nnx.Module):
     cache: KVCache | None = None,
     num_new: jax.Array | None = None,
     window: attention.TurnWindow | None = None,
+    at: jax.Array | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Final-norm hidden states ``[B, T, D]`` and the advanced cache.
 
@@ -370,6 +391,11 @@ class Transformer(nnx.Module):
         are dropped.
       window: without a cache, the turns each token sees (a context
         window); with one, ``cache.hidden`` says which slots are unseen.
+      at: int32 ``[B, G]``, indices into ``T``: the hidden states of
+        these tokens only, ``[B, G, D]``. The last layer then computes
+        every token's keys and values but its queries, attention output
+        and MLP only at ``at`` (what a log-probability or a prefill's
+        next token needs: of a two-layer model, about 40% of a forward).
     """
     if window is not None and cache is not None:
       raise ValueError(
@@ -389,15 +415,7 @@ class Transformer(nnx.Module):
     block_def, stacked = nnx.split(self.layers)
 
     if cache is None:
-
-      def run(x, layer):
-        block = nnx.merge(block_def, layer)
-        x, _ = block(x, positions, inv_freq, None, window)
-        return x, None
-
-      if cfg.remat != "none":
-        run = jax.checkpoint(run, policy=REMAT_POLICIES[cfg.remat])
-      x, _ = jax.lax.scan(run, x, stacked)
+      x = self._layers(block_def, stacked, x, positions, inv_freq, window, at)
       new_cache = None
     else:
       layers = [
@@ -405,9 +423,27 @@ class Transformer(nnx.Module):
         for i in range(cfg.num_layers)
       ]
       x, new_cache = cached_layers(
-        block_def, layers, x, positions, inv_freq, cache, num_new
+        block_def, layers, x, positions, inv_freq, cache, num_new, at
       )
     return self.final_norm(x), new_cache
+
+  def _layers(self, block_def, stacked, x, positions, inv_freq, window, at):
+    """The uncached forward: a scan over the layers (the last apart when
+    only the tokens ``at`` are wanted)."""
+
+    def run(x, layer, at=None):
+      block = nnx.merge(block_def, layer)
+      return block(x, positions, inv_freq, None, window, at)[0]
+
+    if self.cfg.remat != "none":
+      run = jax.checkpoint(run, policy=REMAT_POLICIES[self.cfg.remat])
+    scan = lambda x, layers: jax.lax.scan(
+      lambda x, layer: (run(x, layer), None), x, layers
+    )[0]
+    if at is None:
+      return scan(x, stacked)
+    x = scan(x, jax.tree.map(lambda a: a[:-1], stacked))
+    return run(x, jax.tree.map(lambda a: a[-1], stacked), at)
 
   def logits(self, h: jax.Array) -> jax.Array:
     """``[B, T, D]`` -> float32 logits ``[B, T, vocab]``."""
@@ -437,8 +473,11 @@ class Transformer(nnx.Module):
     return Decoding(self)
 
 
-def cached_layers(block_def, layers, x, positions, inv_freq, cache, num_new):
-  """The layers ``layers`` (one state each) over ``x`` against ``cache``.
+def cached_layers(
+  block_def, layers, x, positions, inv_freq, cache, num_new, at=None
+):
+  """The layers ``layers`` (one state each) over ``x`` against ``cache``
+  (the last one's output at the tokens ``at`` only, as ``hidden``'s).
 
   Cached calls (prefill, decode) unroll the layers, so that each layer's
   cache is its own buffer, updated in place."""
@@ -446,7 +485,10 @@ def cached_layers(block_def, layers, x, positions, inv_freq, cache, num_new):
   for i, layer in enumerate(layers):
     block = nnx.merge(block_def, layer)
     layer_cache = (cache.k[i], cache.v[i], cache.hidden, cache.shift)
-    x, (k_i, v_i) = block(x, positions, inv_freq, layer_cache)
+    last = i == len(layers) - 1
+    x, (k_i, v_i) = block(
+      x, positions, inv_freq, layer_cache, at=at if last else None
+    )
     k.append(k_i)
     v.append(v_i)
   if num_new is None:
@@ -479,7 +521,7 @@ class Decoding:
   def init_cache(self, batch: int, size: int) -> KVCache:
     return self.model.init_cache(batch, size)
 
-  def hidden(self, tokens, cache, num_new=None):
+  def hidden(self, tokens, cache, num_new=None, at=None):
     m = self.model
     positions = cache.length[:, None] + jnp.arange(
       tokens.shape[1], dtype=jnp.int32
@@ -493,6 +535,7 @@ class Decoding:
       inverse_frequencies(m.cfg),
       cache,
       num_new,
+      at,
     )
     return m.final_norm(x), cache
 

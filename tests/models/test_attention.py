@@ -66,6 +66,36 @@ def test_blockwise_rows_grouped_per_iteration_equal_reference(
   _check(attention.blockwise, *_qkv(length, heads, 2, seed=3, rows=6), 2e-5)
 
 
+@pytest.mark.parametrize("windowed, fit", [(False, 0), (True, 0), (True, 1)])
+def test_attention_at_some_tokens_equals_the_reference_rows(
+  monkeypatch, windowed, fit
+):
+  # Six rows of 40 tokens in turns of 8 (the first 5 the system prompt's);
+  # each row's queries at 7 of its tokens, one twice and token 0 among
+  # them. ``fit``: one row's scores fill a group (a loop of six).
+  rows, length, heads, g = 6, 40, 4, 7
+  if fit:
+    monkeypatch.setattr(attention, "ROW_GROUP_BYTES", 4 * heads * g * length)
+  q, k, v = _qkv(length, heads, 2, seed=11, rows=rows)
+  rng = np.random.default_rng(0)
+  at = np.sort(rng.integers(0, length, (rows, g)), axis=1)
+  at[:, 0], at[:, 1] = 0, at[:, 2]
+  at = jnp.asarray(at, jnp.int32)
+  window = None
+  if windowed:
+    turn = jnp.where(jnp.arange(length) < 5, -1, (jnp.arange(length) - 5) // 8)
+    window = attention.TurnWindow(jnp.broadcast_to(turn, (rows, length)), 2)
+  take = jax.vmap(lambda x, i: x[i])
+  got = lambda q, k, v: attention.at_tokens(take(q, at), k, v, at, window)
+  want = lambda q, k, v: take(attention.reference(q, k, v, window), at)
+  np.testing.assert_allclose(
+    jax.jit(got)(q, k, v), want(q, k, v), atol=2e-5, rtol=2e-5
+  )
+  grads = zip("qkv", _grads(got, q, k, v), _grads(want, q, k, v), strict=True)
+  for name, a, b in grads:
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4, err_msg=f"d{name}")
+
+
 def test_splash_equals_reference_in_interpret_mode():
   # 200 tokens pad to 256 (two blocks of 128); 4 query heads share 2 kv heads.
   splash = functools.partial(attention.splash, interpret=True)

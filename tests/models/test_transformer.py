@@ -130,6 +130,54 @@ def test_cached_prefill_and_decode_equal_the_full_forward():
   np.testing.assert_array_equal(np.asarray(cache.length), pos)
 
 
+@pytest.mark.parametrize(
+  "layers, remat", [(3, "none"), (1, "none"), (2, "full")]
+)
+def test_hidden_states_at_some_tokens_equal_the_full_forward_there(
+  layers, remat
+):
+  # The last layer runs its queries and MLP at ``at`` only: values and
+  # every parameter's gradient as the whole forward's, taken there.
+  cfg = presets.preset("tiny", vocab_size=61, num_layers=layers, remat=remat)
+  graphdef, params = nnx.split(transformer.create(cfg, seed=6))
+  tokens = jnp.asarray(random_tokens((3, 30), seed=6) % 61)
+  at = jnp.asarray([[0, 7, 7, 29], [3, 4, 5, 6], [29, 1, 0, 12]], jnp.int32)
+  take = jax.vmap(lambda x, i: x[i])
+
+  def loss(params, select):
+    h = select(nnx.merge(graphdef, params))
+    return jnp.sum(jnp.sin(h)), h
+
+  grad = lambda f: jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)(
+    params, f
+  )
+  want, h_full = grad(lambda m: take(m.hidden(tokens)[0], at))
+  got, h_at = grad(lambda m: m.hidden(tokens, at=at)[0])
+  np.testing.assert_allclose(h_at, h_full, atol=1e-5)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    scale = float(np.abs(b).max())
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5 * scale)
+
+
+def test_a_prefill_at_its_last_tokens_equals_the_full_forward_there():
+  cfg = presets.preset("tiny", vocab_size=61, num_layers=2)
+  model = transformer.create(cfg, seed=7)
+  seqs = jnp.asarray(random_tokens((3, 12), seed=7) % 61)
+  full = jax.jit(lambda m, t: m.hidden(t)[0])(model, seqs)
+  lengths = jnp.asarray([5, 12, 1], jnp.int32)
+  last = (lengths - 1)[:, None]
+  prefill = jax.jit(
+    lambda m, t, n, at: m.for_decoding().hidden(t, m.init_cache(3, 16), n, at)
+  )
+  h, cache = prefill(model, seqs, lengths, last)
+  _, whole = prefill(model, seqs, lengths, None)
+  np.testing.assert_allclose(
+    h[:, 0], jnp.take_along_axis(full, last[..., None], 1)[:, 0], atol=1e-5
+  )
+  for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(whole), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_bfloat16_policy_tracks_float32():
   cfg = presets.preset("tiny", vocab_size=61)
   f32 = transformer.create(cfg, seed=4)
