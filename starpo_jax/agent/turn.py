@@ -253,8 +253,12 @@ def reprefill(
   # A row with nothing to redo writes its padding past its end, where the
   # turn's prompt is written next.
   start = jnp.where(redo, begin, end)
+  # Only the cache is wanted: the last layer's output at one token.
   _, cache = model.hidden(
-    again, cache.replace(length=start), jnp.where(redo, end - begin, 0)
+    again,
+    cache.replace(length=start),
+    jnp.where(redo, end - begin, 0),
+    at=jnp.zeros((again.shape[0], 1), jnp.int32),
   )
   return cache
 

@@ -122,13 +122,13 @@ def _reprefilled(
     begin = jnp.argmax(turns >= first, axis=1)[:, None]
     begin = jnp.where(first > 0, begin, system)
     at = jnp.where(slot < system, slot, begin + slot - system)
-    h, _ = model.hidden(
-      jnp.take_along_axis(tokens, jnp.clip(at, 0, length - 1), axis=1)
-    )
     here = jnp.clip(before - begin + system, 0, width - 1)
     here = jnp.where(before < system, before, here)
+    picked, _ = model.hidden(
+      jnp.take_along_axis(tokens, jnp.clip(at, 0, length - 1), axis=1),
+      at=here,
+    )
     mine = (query <= t) if first <= 0 else (query == t)
-    picked = jnp.take_along_axis(h, here[..., None], axis=1)
     out = picked if out is None else jnp.where(mine[..., None], picked, out)
   return out
 
