@@ -18,10 +18,13 @@ Each renderer is the ``table`` function of the command that wrote the
 JSON (``benchmarks.run``, ``benchmarks.phases``,
 ``benchmarks.context_window``, ``benchmarks.mixture``,
 ``benchmarks.mixture_table``,
-``benchmarks.tpu_memory``, ``benchmarks.learning_table``,
+``benchmarks.tpu_memory`` (and ``tpu_phases``: its roofline by phase),
+``benchmarks.learning_table``,
 ``benchmarks.zero_shot_table``, ``benchmarks.variants_table``,
 ``benchmarks.op_profile`` (``phase=`` and, for its operations, ``top=``),
-``benchmarks.loop_phases``, ``benchmarks.matmul``), so a
+``benchmarks.loop_phases``, ``benchmarks.matmul``, ``benchmarks.study_table``,
+``benchmarks.envs`` (``envs=`` keeps those environments' rows),
+``benchmarks.host_bridge`` (``part=iterations`` or ``round_trip``)), so a
 document shows exactly what the command printed. ``tests/test_docs.py``
 fails when a table and its JSON disagree.
 """
@@ -108,6 +111,12 @@ def _tpu_memory(data: list[dict[str, Any]]) -> str:
   return tpu_memory.table(data)
 
 
+def _tpu_phases(data: list[dict[str, Any]]) -> str:
+  from benchmarks import tpu_memory
+
+  return tpu_memory.phase_table(data)
+
+
 def _learning(data: dict[str, Any], rows: str = "all") -> str:
   from benchmarks import learning_table
 
@@ -144,7 +153,42 @@ def _matmul(data: dict[str, Any]) -> str:
   return matmul.table(data["rows"])
 
 
+def _study(data: dict[str, Any]) -> str:
+  from benchmarks import study_table
+
+  return study_table.table(data["columns"])
+
+
+def _envs(data: dict[str, Any], envs: str = "") -> str:
+  from benchmarks import envs as envs_bench
+
+  wanted = set(envs.split(",")) if envs else None
+  return envs_bench.table(
+    [r for r in data["rows"] if wanted is None or r["env"] in wanted]
+  )
+
+
+def _envs_difficulty(data: dict[str, Any]) -> str:
+  from benchmarks import envs as envs_bench
+
+  return envs_bench.difficulty_table(data["difficulty"])
+
+
+def _host_bridge(data: dict[str, Any], part: str = "iterations") -> str:
+  from benchmarks import host_bridge
+
+  if part == "iterations":
+    return host_bridge.table(data["iterations"])
+  if part == "round_trip":
+    return host_bridge.round_trip_table(data["round_trip"])
+  raise TypeError(f"part={part!r}; expected iterations or round_trip")
+
+
 RENDERERS: dict[str, Callable[..., str]] = {
+  "study": _study,
+  "envs": _envs,
+  "envs_difficulty": _envs_difficulty,
+  "host_bridge": _host_bridge,
   "run": _run,
   "savings": _savings,
   "phases": _phases,
@@ -153,6 +197,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
   "mixture_learning": _mixture_learning,
   "variants": _variants,
   "tpu_memory": _tpu_memory,
+  "tpu_phases": _tpu_phases,
   "learning": _learning,
   "zero_shot": _zero_shot,
   "op_profile": _op_profile,

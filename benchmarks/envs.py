@@ -366,10 +366,56 @@ def _ratio(row: dict[str, Any], kind: str) -> str:
   return f"{row[f'jax_{kind}_per_s'] / row[f'py_{kind}_per_s']:.1f}x"
 
 
-def _rates(names: list[str], batches: list[int]) -> tuple[list, str]:
+HEADER = [
+  "env",
+  "batch",
+  "JAX steps/s",
+  "Python steps/s",
+  "ratio",
+  "JAX levels/s",
+  "Python levels/s",
+  "ratio",
+  "compile s (step / reset)",
+]
+
+
+def table(results: list[dict[str, Any]]) -> str:
+  """The rates of ``results`` (one row per environment and batch)."""
+  rows = [
+    [
+      r["env"],
+      r["batch"],
+      r["jax_steps_per_s"],
+      r.get("py_steps_per_s", "-"),
+      _ratio(r, "steps"),
+      r["jax_levels_per_s"],
+      r.get("py_levels_per_s", "-"),
+      _ratio(r, "levels"),
+      f"{r['step_compile_s']:.1f} / {r['reset_compile_s']:.1f}",
+    ]
+    for r in results
+  ]
+  return common.markdown_table(HEADER, rows)
+
+
+def difficulty_table(d: dict[str, Any]) -> str:
+  """Optimal solution lengths of both generators' levels (``difficulty``)."""
+  return common.markdown_table(
+    ["generator", "mean", "p10", "median", "p90", "max"],
+    [
+      [k, v["mean"], v["p10"], v["median"], v["p90"], v["max"]]
+      for k, v in (
+        ("starpo-jax", d["starpo_jax"]),
+        ("gym-sokoban", d["gym_sokoban"]),
+      )
+    ],
+  )
+
+
+def _rates(names: list[str], batches: list[int]) -> list[dict[str, Any]]:
   """Every environment's JAX rates at every batch size beside its
-  plain-Python rules' rates: the rows, and their table."""
-  rows, results = [], []
+  plain-Python rules' rates."""
+  results = []
   for name in names:
     py = python_rates(name) if name in SETTINGS else {}
     for batch in batches:
@@ -377,39 +423,12 @@ def _rates(names: list[str], batches: list[int]) -> tuple[list, str]:
       r = jax_row(name, batch)
       r.update(py, env=name, batch=batch)
       results.append(r)
-      rows.append(
-        [
-          name,
-          batch,
-          r["jax_steps_per_s"],
-          r.get("py_steps_per_s", "-"),
-          _ratio(r, "steps"),
-          r["jax_levels_per_s"],
-          r.get("py_levels_per_s", "-"),
-          _ratio(r, "levels"),
-          f"{r['step_compile_s']:.1f} / {r['reset_compile_s']:.1f}",
-        ]
-      )
       print(
         f"  {name} batch {batch}: {time.perf_counter() - start:.0f}s",
         file=sys.stderr,
         flush=True,
       )
-  table = common.markdown_table(
-    [
-      "env",
-      "batch",
-      "JAX steps/s",
-      "Python steps/s",
-      "ratio",
-      "JAX levels/s",
-      "Python levels/s",
-      "ratio",
-      "compile s (step / reset)",
-    ],
-    rows,
-  )
-  return results, table
+  return results
 
 
 def _gym_sokoban(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -435,18 +454,7 @@ def _difficulty(levels: int) -> dict[str, Any]:
     f"\nOptimal solution lengths of {d['levels']} generated 6x6 "
     "one-box levels (BFS solver):"
   )
-  print(
-    common.markdown_table(
-      ["generator", "mean", "p10", "median", "p90", "max"],
-      [
-        [k, v["mean"], v["p10"], v["median"], v["p90"], v["max"]]
-        for k, v in (
-          ("starpo-jax", d["starpo_jax"]),
-          ("gym-sokoban", d["gym_sokoban"]),
-        )
-      ],
-    )
-  )
+  print(difficulty_table(d))
   for k in ("starpo_jax", "gym_sokoban"):
     print(f"  histogram {k}: {d[k]['histogram']}")
   return d
@@ -468,8 +476,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   warnings.filterwarnings("ignore")
   print(f"machine: {common.machine()}", flush=True)
 
-  results, table = _rates(names, batches)
-  print(table)
+  results = _rates(names, batches)
+  print(table(results))
   payload: dict[str, Any] = {"machine": common.machine(), "rows": results}
   if "sokoban" in names:
     payload["gym_sokoban"] = _gym_sokoban(results)

@@ -175,6 +175,30 @@ def round_trip(batch: int, turns: int, repeats: int) -> list[dict[str, Any]]:
   return rows
 
 
+def table(rows: list[dict[str, Any]]) -> str:
+  """The iteration rates of ``rows`` (``iterations``)."""
+  header = ["env", "iterations/s", "vs sokoban", "host s / step",
+            "host share", "first call s", "tokens / step"]  # fmt: skip
+  cells = [
+    [r["env"], f"{r['iterations_per_s']:.3f}", f"{r['ratio']:.2f}x",
+     f"{r['host_s']:.3f}", f"{100 * r['host_share']:.1f}%",
+     f"{r['first_s']:.0f}", f"{r['tokens']:.0f}"]
+    for r in rows
+  ]  # fmt: skip
+  return common.markdown_table(header, cells)
+
+
+def round_trip_table(trips: list[dict[str, Any]]) -> str:
+  """The host round trip's cost per turn, one row per mechanism."""
+  return common.markdown_table(
+    ["mechanism", "ms / turn", "compile s"],
+    [
+      [r["mechanism"], f"{r['ms_per_turn']:.3f}", f"{r['compile_s']:.2f}"]
+      for r in trips
+    ],
+  )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--repeats", type=int, default=5)
@@ -184,25 +208,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   args = parser.parse_args(argv)
   print(f"machine: {common.machine()}", flush=True)
   rows = iterations(args.repeats)
-  header = ["env", "iterations/s", "vs sokoban", "host s / step",
-            "host share", "first call s", "tokens / step"]  # fmt: skip
-  cells = [
-    [r["env"], f"{r['iterations_per_s']:.3f}", f"{r['ratio']:.2f}x",
-     f"{r['host_s']:.3f}", f"{100 * r['host_share']:.1f}%",
-     f"{r['first_s']:.0f}", f"{r['tokens']:.0f}"]
-    for r in rows
-  ]  # fmt: skip
-  print(common.markdown_table(header, cells))
+  print(table(rows))
   trips = round_trip(args.batch, args.turns, max(args.repeats, 20))
-  print(
-    common.markdown_table(
-      ["mechanism", "ms / turn", "compile s"],
-      [
-        [r["mechanism"], f"{r['ms_per_turn']:.3f}", f"{r['compile_s']:.2f}"]
-        for r in trips
-      ],
-    )
-  )
+  print(round_trip_table(trips))
   payload = {
     "machine": common.machine(),
     "argv": sys.argv,

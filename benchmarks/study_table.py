@@ -1,7 +1,8 @@
 """The README's collapse-study table, from the runs of benchmarks/study.sh.
 
   python -m benchmarks.study_table runs/study/frozen_lake-starpo \\
-    runs/study/frozen_lake-starpo_s runs/study/frozen_lake-grpo
+    runs/study/frozen_lake-starpo_s runs/study/frozen_lake-grpo \\
+    --json docs/study_frozen_lake.json
 
 One column per run: held-out success at every evaluation and at the end
 (with its 95% interval) beside the random valid player, then training
@@ -16,6 +17,7 @@ import argparse
 import os
 from typing import Any
 
+from benchmarks import common
 from starpo_jax.cli import report
 
 WINDOW = 10
@@ -83,15 +85,15 @@ def column(run: report.Run) -> dict[str, str]:
   return cells
 
 
-def table(runs: list[report.Run]) -> str:
-  cols = [column(r) for r in runs]
-  rows = list(dict.fromkeys(k for c in cols for k in c))
+def table(columns: list[dict[str, Any]]) -> str:
+  """The markdown table of ``columns`` (each a run's label and cells)."""
+  rows = list(dict.fromkeys(k for c in columns for k in c["cells"]))
   out = [
-    "| | " + " | ".join(r.label for r in runs) + " |",
-    "|---|" + "---|" * len(runs),
+    "| | " + " | ".join(c["label"] for c in columns) + " |",
+    "|---|" + "---|" * len(columns),
   ]
   out += [
-    f"| {row} | " + " | ".join(c.get(row, "-") for c in cols) + " |"
+    f"| {row} | " + " | ".join(c["cells"].get(row, "-") for c in columns) + " |"
     for row in rows
   ]
   return "\n".join(out)
@@ -100,14 +102,18 @@ def table(runs: list[report.Run]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("workdirs", nargs="+")
+  parser.add_argument("--json", default=None, help="write the columns here")
   args = parser.parse_args(argv)
   runs = [
     report.load_run(w, os.path.basename(os.path.normpath(w)))
     for w in args.workdirs
   ]
-  text = table(runs)
-  print(text)
-  return {"table": text}
+  columns = [{"label": r.label, "cells": column(r)} for r in runs]
+  print(table(columns))
+  common.write_json(
+    args.json, {"machine": common.machine(), "columns": columns}
+  )
+  return {"columns": columns}
 
 
 if __name__ == "__main__":

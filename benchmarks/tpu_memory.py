@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -79,28 +80,103 @@ def compile_row(
   return row
 
 
+def _label(r: dict) -> str:
+  """The model and what the row changed from RAGEN's settings."""
+  settings = dict(
+    o.removeprefix("--config.").split("=", 1) for o in r.get("overrides") or []
+  )
+  lora = r.get("lora") or {}
+  rank = settings.get("model.lora.rank", lora.get("rank"))
+  label = r["model"]
+  if rank is not None:
+    kind = "QLoRA" if "model.lora.quantize" in settings else "LoRA"
+    label += f", {kind} r={rank}"
+    if kind == "QLoRA":
+      label += (
+        f" ({settings['model.lora.quantize']} base, tiles of "
+        f"{settings.get('model.lora.tile_size', '-')})"
+      )
+    if lora.get("critic") == "full":
+      label += ", whole critic (`lora.critic=full`)"
+  if "algo.micro_batch_tokens" in settings:
+    label += (
+      f", micro-batches of {int(settings['algo.micro_batch_tokens']):,} tokens"
+    )
+  return label
+
+
+OUT_OF_HBM = re.compile(
+  r"HLO temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)"
+)
+
+
 def table(rows: list[dict]) -> str:
+  """One line per row; a failed compile says why (out of HBM: by how much)."""
   lines = [
-    "| model | slice | mesh (data, fsdp, tensor) | params + optimizer | "
-    "activations | peak / chip | chip HBM | fits | compile | "
-    "step roofline bound (estimate) |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| model | slice | mesh (data, fsdp, tensor) | collapse diagnostics | "
+    "params + optimizer | activations | peak / chip | chip HBM | fits | "
+    "compile | step roofline bound (estimate) |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
+    mesh = ", ".join(str(v) for v in r["mesh"].values()) if "mesh" in r else "-"
+    # Rows written before the setting was recorded ran with its default.
+    diagnostics = "off" if r.get("collapse_diagnostics") is False else "on"
+    head = f"| {_label(r)} | {r['slice']} | {mesh} | {diagnostics} |"
     if "error" in r:
-      lines.append(f"| {r['model']} | {r['slice']} | failed: {r['error']} |")
+      hbm = OUT_OF_HBM.search(r["error"])
+      if hbm:
+        lines.append(
+          f"{head} | XLA's temporaries alone {hbm[1]} GiB | | "
+          f"{hbm[2]} GiB usable | **no** (out of HBM) | | |"
+        )
+      else:
+        lines.append(f"{head} failed: {r['error']} |")
       continue
-    mesh = ", ".join(str(v) for v in r["mesh"].values())
-    fits = "yes" if r["peak_bytes"] <= r["hbm_bytes"] else "**no**"
+    fits = (
+      "yes"
+      if r["peak_bytes"] <= r["hbm_bytes"]
+      else (f"**no** (by {(r['peak_bytes'] - r['hbm_bytes']) / GiB:.2f} GiB)")
+    )
     # Rows compiled before compile_check counted FLOPs have no estimate.
     bound = r.get("roofline_s")
     bound = "-" if bound is None else f"{bound:.2f} s"
     lines.append(
-      f"| {r['model']} | {r['slice']} | {mesh} | "
-      f"{(r['param_bytes'] + r['optimizer_bytes']) / GiB:.2f} GiB | "
+      f"{head} {(r['param_bytes'] + r['optimizer_bytes']) / GiB:.2f} GiB | "
       f"{r['activation_bytes'] / GiB:.2f} GiB | "
       f"{r['peak_bytes'] / GiB:.2f} GiB | {r['hbm_bytes'] / GiB:.0f} GiB | "
       f"{fits} | {r['compile_s']:.0f} s | {bound} |"
+    )
+  return "\n".join(lines)
+
+
+def _bound(flops: float, nbytes: float, r: dict) -> str:
+  """A phase's roofline time: its FLOPs at peak or bytes at bandwidth."""
+  by_flops, by_bytes = flops / r["peak_flops"], nbytes / r["peak_bandwidth"]
+  if by_bytes >= by_flops:
+    return (
+      f"{by_bytes:.2f} s: {nbytes / 1e9:,.0f} GB ({flops / 1e12:,.1f} TFLOP)"
+    )
+  return f"{by_flops:.2f} s: {flops / 1e12:,.1f} TFLOP ({nbytes / 1e9:,.0f} GB)"
+
+
+def phase_table(rows: list[dict]) -> str:
+  """Where each row's roofline estimate goes, phase by phase, per chip
+  (the rows with RAGEN's settings unchanged and FLOPs counted)."""
+  lines = [
+    "| model, slice | rollout (`collect`) | score | update | XLA's own count |",
+    "|---|---|---|---|---|",
+  ]
+  for r in rows:
+    if "phase_flops" not in r or r.get("overrides") or r.get("lora"):
+      continue
+    f, b = r["phase_flops"], r["phase_bytes"]
+    score = max(f["score"] / r["peak_flops"], b["score"] / r["peak_bandwidth"])
+    collect = _bound(f["collect"], b["collect"], r)
+    lines.append(
+      f"| {r['model']}, {r['slice']} | {collect} | "
+      f"{score:.2f} s | {_bound(f['update'], b['update'], r)} | "
+      f"{r['xla_flops'] / 1e12:,.0f} TFLOP |"
     )
   return "\n".join(lines)
 

@@ -206,7 +206,10 @@ def test_every_plot_loads_in_headless_chromium(tmp_path):
 
 def test_the_study_table_reads_first_and_last_values(tmp_path):
   a = write_run(tmp_path / "starpo", success=0.3, collapse_from=15)
-  text = study_table.table([report.load_run(str(a))])
+  run = report.load_run(str(a))
+  text = study_table.table(
+    [{"label": run.label, "cells": study_table.column(run)}]
+  )
   rows = dict(
     (line.split(" | ")[0].strip("| "), line.split(" | ")[1].strip(" |"))
     for line in text.splitlines()[2:]
