@@ -245,6 +245,8 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
       compile_s=ours["compile_s"],
       peak_gib=ours["peak_gib"],
       recompiled=ours["recompiled"],
+      # Turns, returns and tokens of each side, for the docs to quote.
+      sides={"starpo-jax": ours, "tunix": theirs},
     )
     for metric, mine, peer in (
       ("iterations/s", ours["iterations_s"], theirs["iterations_s"]),
