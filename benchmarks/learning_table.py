@@ -39,9 +39,13 @@ def _eval(record: dict[str, Any], at: str = "") -> str:
   )
 
 
-def summarize(workdir: str) -> dict[str, Any]:
-  """The numbers of one run (evaluation rows empty where it ran none)."""
+def summarize(workdir: str, evaluation: str = "eval") -> dict[str, Any]:
+  """The numbers of one run (evaluation rows empty where it ran none),
+  from the evaluation logged under ``evaluation/`` (``eval_train_env``:
+  the Bandit's held-out seeds with its training arm names)."""
   records = metrics_lib.read_metrics(workdir)
+  if evaluation != "eval":
+    records = [_as_eval(r, evaluation) for r in records]
   evals = [r for r in records if "eval/success" in r]
   warm = [r["step"] for r in records if "sft/loss" in r]
   boundary = max(warm, default=0)
@@ -78,6 +82,17 @@ def summarize(workdir: str) -> dict[str, Any]:
     "train_format": early_late("rollout/format_rate"),
     "train_think": early_late("rollout/think_tokens"),
     "mi": [(r["step"], r["collapse/mi"]) for r in diagnosed],
+    "expert_kept": mean([r for r in records if "sft/kept" in r], "sft/kept"),
+  }
+
+
+def _as_eval(record: dict[str, Any], evaluation: str) -> dict[str, Any]:
+  """``record`` with ``evaluation/`` metrics named ``eval/`` (the
+  ``eval/`` ones dropped)."""
+  return {
+    k.replace(f"{evaluation}/", "eval/", 1): v
+    for k, v in record.items()
+    if not k.startswith("eval/")
   }
 
 
@@ -92,6 +107,12 @@ ROWS = [
     lambda s: (
       f"{s['minutes']:.1f} min"
       + (f" ({s['processes']} processes)" if s["processes"] > 1 else "")
+    ),
+  ),
+  (
+    "warm start: levels its expert solved, mean a step",
+    lambda s: (
+      "-" if np.isnan(s.get("expert_kept", np.nan)) else _pct(s["expert_kept"])
     ),
   ),
   ("held-out success, untrained (t=0.5)", lambda s: _eval(s["untrained"])),
@@ -120,6 +141,21 @@ ROWS = [
   ),
   ("random valid player, same levels", lambda s: _random(s["final"])),
   (
+    "held-out actions an episode (a turn), final",
+    lambda s: _per_turn(s["final"]),
+  ),
+  (
+    "held-out actions that changed the state, final",
+    lambda s: _final(s, "eval/effective_action_rate", _pct),
+  ),
+  (
+    "retrieval@1 at the end (chance)",
+    lambda s: (
+      _final(s, "collapse/retrieval@1", lambda x: f"{x:.2f}")
+      + _final(s, "collapse/retrieval_chance@1", lambda x: f" ({x:.3f})", "")
+    ),
+  ),
+  (
     "training success, first / last 10 RL steps",
     lambda s: _pair(s["train_success"]),
   ),
@@ -129,7 +165,9 @@ ROWS = [
   ),
   (
     "policy entropy, first / last 10 RL steps",
-    lambda s: "{:.2f} / {:.2f}".format(*s["entropy"]),
+    lambda s: " / ".join(
+      "-" if np.isnan(x) else f"{x:.2f}" for x in s["entropy"]
+    ),
   ),
   (
     "answers in the format, first / last 10 RL steps",
@@ -143,7 +181,7 @@ ROWS = [
   ),
   (
     "collapse MI, nats (step)",
-    lambda s: ", ".join(f"{m:.2f} ({k})" for k, m in s["mi"]) or "-",
+    lambda s: ", ".join(f"{m:.2f} ({k})" for k, m in _spread(s["mi"])) or "-",
   ),
 ]
 
@@ -194,6 +232,25 @@ def _three(s: dict[str, Any], key: str, fmt: Any) -> str:
   return " / ".join(fmt(r[key]) for r in records)
 
 
+def _spread(items: list, most: int = 6) -> list:
+  """At most ``most`` of ``items``, evenly spaced, the first and last kept."""
+  if len(items) <= most:
+    return items
+  return [items[round(i)] for i in np.linspace(0, len(items) - 1, most)]
+
+
+def _final(s: dict[str, Any], key: str, fmt: Any, missing: str = "-") -> str:
+  """``key`` at the last evaluation, ``missing`` where it was not logged."""
+  return fmt(s["final"][key]) if key in s["final"] else missing
+
+
+def _per_turn(record: dict[str, Any]) -> str:
+  if "eval/num_actions" not in record:
+    return "-"
+  actions, turns = record["eval/num_actions"], record["eval/num_turns"]
+  return f"{actions:.1f} ({actions / max(turns, 1e-9):.1f})"
+
+
 def _pair(pair: tuple[float, float]) -> str:
   return " / ".join("-" if np.isnan(x) else _pct(x) for x in pair)
 
@@ -202,8 +259,14 @@ def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("workdirs", nargs="+")
   parser.add_argument("--json", help="also write the numbers here")
+  parser.add_argument(
+    "--evaluation",
+    default="eval",
+    help="the evaluation's metric prefix (eval_train_env: the Bandit's "
+    "training arm names)",
+  )
   args = parser.parse_args(argv)
-  runs = [summarize(w) for w in args.workdirs]
+  runs = [summarize(w, args.evaluation) for w in args.workdirs]
   print(table(runs))
   if args.json:
     payload = {"machine": common.machine(), "commit": common.commit()}
