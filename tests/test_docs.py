@@ -119,8 +119,53 @@ def test_every_table_matches_the_json_it_is_rendered_from():
   # A figure typed over its JSON's is caught.
   text = (ROOT / "docs" / "benchmarks.md").read_text()
   assert "<!-- table run docs/bench_tiny.json -->" in text
-  planted = text.replace("| 395,570 |", "| 395,571 |", 1)
+  start = text.index("<!-- table run docs/bench_tiny.json -->")
+  cell = re.search(r"\| steps/s \| (\d)", text[start:])
+  digit = str((int(cell[1]) + 1) % 10)
+  at = start + cell.start(1)
+  planted = text[:at] + digit + text[at + 1 :]
   assert planted != text and doc_tables.render(planted) != planted
+
+
+# A measured figure: an interval, a decimal ratio, percentage or time.
+FIGURE = re.compile(
+  r"\[\d+\.\d, \d+\.\d\]|\d\.\d+x\b|\d\.\d%|\d\.\d+ (?:s|min|ms|GiB)\b"
+)
+
+
+TARGET = re.compile(r">=\s*\d+(?:\.\d+)?x")
+
+
+def hand_typed_figures(text: str) -> list[str]:
+  """The table rows of ``text`` that hold a measured figure outside a
+  rendered table block."""
+  rows, rendered = [], False
+  for line in text.splitlines():
+    if line.startswith("<!-- table "):
+      rendered = True
+    elif line.startswith("<!-- /table"):
+      rendered = False
+    # A target (">= 1.5x") is not a measurement.
+    elif (
+      line.startswith("|")
+      and not rendered
+      and FIGURE.search(TARGET.sub("", line))
+    ):
+      rows.append(line)
+  return rows
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_no_table_of_figures_is_typed_by_hand(path):
+  assert hand_typed_figures(path.read_text()) == [], (
+    f"{path.name}: a table of measured figures outside a rendered block "
+    "(write its JSON and render it: python -m benchmarks.doc_tables)"
+  )
+  # The check sees a figure typed into a table, and not one rendered.
+  typed = "| run | 61.2% [57.0, 65.3] |"
+  assert hand_typed_figures(f"text\n{typed}\n") == [typed]
+  rendered = f"<!-- table learning x.json -->\n{typed}\n<!-- /table -->\n"
+  assert hand_typed_figures(rendered) == []
 
 
 def test_the_readme_stays_short():
