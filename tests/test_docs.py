@@ -140,7 +140,7 @@ def hand_typed_figures(text: str) -> list[str]:
   """The table rows of ``text`` that hold a measured figure outside a
   rendered table block."""
   rows, rendered = [], False
-  for line in text.splitlines():
+  for line in (raw.strip() for raw in text.splitlines()):
     if line.startswith("<!-- table "):
       rendered = True
     elif line.startswith("<!-- /table"):
@@ -164,6 +164,7 @@ def test_no_table_of_figures_is_typed_by_hand(path):
   # The check sees a figure typed into a table, and not one rendered.
   typed = "| run | 61.2% [57.0, 65.3] |"
   assert hand_typed_figures(f"text\n{typed}\n") == [typed]
+  assert hand_typed_figures(f"- a list item:\n\n  {typed}\n") == [typed]
   rendered = f"<!-- table learning x.json -->\n{typed}\n<!-- /table -->\n"
   assert hand_typed_figures(rendered) == []
 
