@@ -21,9 +21,37 @@ MAX_FUNCTION_LINES = 60
 MAX_FILE_LINES = 600
 
 
+def python_files(folder: str) -> list[pathlib.Path]:
+  """The project's Python files under ``folder``: not those of a virtual
+  environment or anything else in a hidden folder (Tunix's peer keeps
+  its own at ``benchmarks/peers/tunix/.venv``)."""
+  return [
+    path
+    for path in sorted((ROOT / folder).rglob("*.py"))
+    if not any(
+      part.startswith(".") for part in path.relative_to(ROOT).parts[:-1]
+    )
+  ]
+
+
 def sources(folder: str):
-  for path in sorted((ROOT / folder).rglob("*.py")):
+  for path in python_files(folder):
     yield path.relative_to(ROOT), path.read_text()
+
+
+def test_the_checks_read_the_projects_files_not_a_virtual_environments(
+  tmp_path, monkeypatch
+):
+  # A peer's virtual environment (built as its requirements say) holds
+  # thousands of files that break every rule: they are not the project's.
+  for name in ("benchmarks/a.py", "benchmarks/peer/.venv/lib/b.py"):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text("import tests\n")
+  real = ROOT
+  monkeypatch.setitem(globals(), "ROOT", tmp_path)
+  assert python_files("benchmarks") == [tmp_path / "benchmarks" / "a.py"]
+  monkeypatch.undo()
+  assert real / "benchmarks" / "run.py" in python_files("benchmarks")
 
 
 def long_functions(path, text: str, limit: int) -> list[str]:
@@ -57,7 +85,7 @@ def test_no_file_is_longer_than_600_lines(folder):
 
 def test_benchmarks_import_nothing_from_tests():
   imports = []
-  for path in sorted((ROOT / "benchmarks").rglob("*.py")):
+  for path in python_files("benchmarks"):
     for node in ast.walk(ast.parse(path.read_text())):
       names = []
       if isinstance(node, ast.Import):
@@ -100,7 +128,7 @@ def imports(folder: str) -> dict[str, set[str]]:
   """Every module of ``folder`` and the modules it imports (at its top or
   inside functions), as dotted names."""
   graph = {}
-  for path in sorted((ROOT / folder).rglob("*.py")):
+  for path in python_files(folder):
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.Import):
