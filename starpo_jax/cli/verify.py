@@ -282,8 +282,8 @@ def verify(
   if gguf.is_gguf(path) or os.path.isfile(os.path.join(path, "tokenizer.json")):
     ours_tok = checkpoints.tokenizer(path)
     # The passage and the first two levels of each environment's prompt
-    # (the corpus's own, computed once).
-    prompts = environment_prompts(8)
+    # (the corpus's own: called as ``corpus`` calls it, computed once).
+    prompts = environment_prompts(8, 0)
     firsts = [p for i, p in enumerate(prompts) if i % 8 < 2]
     ids = ours_tok.encode(" ".join([PASSAGE, *firsts]))
     ids = (ids * (1 + sequences * length // len(ids)))[: sequences * length]
