@@ -17,7 +17,7 @@ its JSON file (and, for benchmark rows, which suites):
 Each renderer is the ``table`` function of the command that wrote the
 JSON (``benchmarks.run``, ``benchmarks.phases``,
 ``benchmarks.context_window``, ``benchmarks.mixture``,
-``benchmarks.mixture_table``,
+``benchmarks.mixture_table``, ``benchmarks.mixture_seeds``,
 ``benchmarks.tpu_memory`` (and ``tpu_phases``: its roofline by phase),
 ``benchmarks.learning_table``,
 ``benchmarks.zero_shot_table``, ``benchmarks.variants_table``,
@@ -97,6 +97,12 @@ def _mixture_learning(data: dict[str, Any]) -> str:
   from benchmarks import mixture_table
 
   return mixture_table.table(data["parts"])
+
+
+def _mixture_seeds(data: dict[str, Any]) -> str:
+  from benchmarks import mixture_seeds
+
+  return mixture_seeds.table(data["rows"], data["limit"])
 
 
 def _variants(data: dict[str, Any]) -> str:
@@ -195,6 +201,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
   "context_window": _context_window,
   "mixture": _mixture,
   "mixture_learning": _mixture_learning,
+  "mixture_seeds": _mixture_seeds,
   "variants": _variants,
   "tpu_memory": _tpu_memory,
   "tpu_phases": _tpu_phases,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from benchmarks import learning_table, plot_curves, zero_shot_table
@@ -242,3 +243,59 @@ def test_the_mixture_table_matches_a_part_to_its_run_by_own_episodes(tmp_path):
   )
   with pytest.raises(ValueError, match=r"evaluated at \[5\]"):
     mixture_table.part(mixed, "sokoban", own)
+
+
+def _seeded_part(run, tag, final, matched, own_final):
+  return {
+    "mixture": run,
+    "tag": tag,
+    "final": {"success": final},
+    "own_matched": {"success": matched},
+    "own_final": {"success": own_final},
+  }
+
+
+def test_the_seeds_table_gathers_a_setting_over_its_seeds():
+  from benchmarks import mixture_seeds
+
+  # Differences -0.20, +0.15, +0.12 at seeds 0, 1, 3: by hand, mean
+  # 0.07 / 3, and Student's t(0.975, 2 df) = 4.3027 from a table.
+  tables = [
+    {"parts": [_seeded_part("runs/mixture_by_part", "sokoban", 0.4, 0.6, 0.7)]},
+    {
+      "parts": [
+        _seeded_part("runs/mixture_by_part_seed1", "sokoban", 0.65, 0.5, 0.6),
+        _seeded_part("runs/mixture_seed1", "sokoban", 0.5, 0.5, 0.6),
+      ]
+    },
+    {
+      "parts": [
+        _seeded_part("/tmp/mixture_by_part_seed3/", "sokoban", 0.42, 0.3, 0.4)
+      ]
+    },
+  ]
+  by_part, together = mixture_seeds.rows(tables, limit=0.1)
+  assert (by_part["setting"], by_part["seeds"]) == (
+    "mixture_by_part",
+    [0, 1, 3],
+  )
+  np.testing.assert_allclose(by_part["differences"], [-0.2, 0.15, 0.12])
+  mean = 0.07 / 3
+  sd = np.sqrt(
+    ((-0.2 - mean) ** 2 + (0.15 - mean) ** 2 + (0.12 - mean) ** 2) / 2
+  )
+  half = 4.3027 * sd / np.sqrt(3)
+  np.testing.assert_allclose(
+    [by_part["mean"], by_part["sd"], by_part["lo"], by_part["hi"]],
+    [mean, sd, mean - half, mean + half],
+    atol=1e-4,
+  )
+  # Within 10 points: none; no more than 10 below: +0.15 and +0.12.
+  assert by_part["within"] == 0 and by_part["not_below"] == 2
+  assert by_part["own_final"] == [0.7, 0.6, 0.4]
+  assert (together["setting"], together["seeds"]) == ("mixture", [1])
+  text = mixture_seeds.table([by_part, together], 0.1)
+  assert "-20.0, +15.0, +12.0" in text and "| 0 of 3 | 2 of 3 |" in text
+  # A setting's part twice at one seed is refused.
+  with pytest.raises(ValueError, match="sokoban twice at seed 1"):
+    mixture_seeds.rows([tables[1], tables[1]], limit=0.1)
