@@ -11,7 +11,9 @@ episodes (``mixture_table``'s difference), seed by seed; their mean with
 a 95% Student-t interval over the seeds, their standard deviation, how
 many seeds are within ``--limit`` points (and how many no more than
 ``--limit`` below: a part ahead of its own run by more is within it
-only in the second count), and the own run's final
+only in the second count), the mean difference after the two warm
+starts (where RL began; the mixture's imitates each part on its share of
+the episodes), and the own run's final
 success seed by seed (how far a seed alone moves a run). A setting is
 its run directory's name without the ``_seed<N>`` suffix the commands of
 docs/results.md give it (no suffix: seed 0), so ``mixture_by_part`` and
@@ -83,6 +85,10 @@ def rows(tables: list[dict[str, Any]], limit: float) -> list[dict[str, Any]]:
         within=sum(abs(d) <= limit for d in diff),
         not_below=sum(d >= -limit for d in diff),
         own_final=[by_seed[s]["own_final"]["success"] for s in seeds],
+        start_differences=[
+          by_seed[s]["start"]["success"] - by_seed[s]["own_start"]["success"]
+          for s in seeds
+        ],
       )
     )
   return out
@@ -110,6 +116,7 @@ def table(rows: list[dict[str, Any]], limit: float) -> str:
         f"{100 * r['sd']:.1f}" if len(r["seeds"]) > 1 else "-",
         f"{r['within']} of {len(r['seeds'])}",
         f"{r['not_below']} of {len(r['seeds'])}",
+        _points(float(np.mean(r["start_differences"]))),
         ", ".join(f"{100 * s:.1f}%" for s in r["own_final"]),
       ]
     )
@@ -122,6 +129,7 @@ def table(rows: list[dict[str, Any]], limit: float) -> str:
       "sd",
       f"seeds within {100 * limit:.0f} points",
       f"seeds no more than {100 * limit:.0f} points below",
+      "after the warm starts, mean",
       "own run, final (by seed)",
     ],
     lines,

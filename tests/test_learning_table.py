@@ -245,10 +245,12 @@ def test_the_mixture_table_matches_a_part_to_its_run_by_own_episodes(tmp_path):
     mixture_table.part(mixed, "sokoban", own)
 
 
-def _seeded_part(run, tag, final, matched, own_final):
+def _seeded_part(run, tag, final, matched, own_final, start=0.3):
   return {
     "mixture": run,
     "tag": tag,
+    "start": {"success": start},
+    "own_start": {"success": 0.35},
     "final": {"success": final},
     "own_matched": {"success": matched},
     "own_final": {"success": own_final},
@@ -270,7 +272,9 @@ def test_the_seeds_table_gathers_a_setting_over_its_seeds():
     },
     {
       "parts": [
-        _seeded_part("/tmp/mixture_by_part_seed3/", "sokoban", 0.42, 0.3, 0.4)
+        _seeded_part(
+          "/tmp/mixture_by_part_seed3/", "sokoban", 0.42, 0.3, 0.4, start=0.2
+        )
       ]
     },
   ]
@@ -293,9 +297,13 @@ def test_the_seeds_table_gathers_a_setting_over_its_seeds():
   # Within 10 points: none; no more than 10 below: +0.15 and +0.12.
   assert by_part["within"] == 0 and by_part["not_below"] == 2
   assert by_part["own_final"] == [0.7, 0.6, 0.4]
+  # After the warm starts: -0.05, -0.05, -0.15 (mean -0.0833).
+  np.testing.assert_allclose(
+    by_part["start_differences"], [-0.05, -0.05, -0.15]
+  )
   assert (together["setting"], together["seeds"]) == ("mixture", [1])
   text = mixture_seeds.table([by_part, together], 0.1)
-  assert "-20.0, +15.0, +12.0" in text and "| 0 of 3 | 2 of 3 |" in text
+  assert "-20.0, +15.0, +12.0" in text and "| 0 of 3 | 2 of 3 | -8.3 |" in text
   # A setting's part twice at one seed is refused.
   with pytest.raises(ValueError, match="sokoban twice at seed 1"):
     mixture_seeds.rows([tables[1], tables[1]], limit=0.1)
