@@ -26,7 +26,8 @@ JSON (``benchmarks.run``, ``benchmarks.phases``,
 ``benchmarks.envs`` (``envs=`` keeps those environments' rows),
 ``benchmarks.host_bridge`` (``part=iterations`` or ``round_trip``)), so a
 document shows exactly what the command printed. ``tests/test_docs.py``
-fails when a table and its JSON disagree.
+fails when a table and its JSON disagree. Under each table a line names
+the machine its JSON says it was measured on.
 """
 
 from __future__ import annotations
@@ -213,6 +214,32 @@ RENDERERS: dict[str, Callable[..., str]] = {
 }
 
 
+def cpu_name(cpu: str) -> str:
+  """``/proc/cpuinfo``'s model name without its marks:
+  ``Intel(R) Xeon(R) Processor`` -> ``Intel Xeon``."""
+  name = re.sub(r"\((?:R|TM)\)|\bProcessor\b|\bCPU\b.*", " ", cpu)
+  return " ".join(name.split()) or cpu
+
+
+def caption(data: Any, file: str) -> str:
+  """The line under a table naming the machine its JSON was measured on
+  (``common.machine()``), or, for a summary of other tables, theirs; ""
+  where the JSON names none (an ahead-of-time TPU compile)."""
+  if not isinstance(data, dict):
+    return ""
+  if "machine" in data:
+    m = data["machine"]
+    where = f"a {m['cores']}-core {cpu_name(m['cpu'])}"
+    if m["backend"] != "cpu":
+      where = f"{m['backend']} ({', '.join(m['devices'])}) beside {where}"
+    return f"Measured on {where}, JAX {m['jax']} (`{file}`)."
+  cpus = [cpu_name(s["cpu"]) for s in data.get("sources", ()) if "cpu" in s]
+  if not cpus:
+    return ""
+  counts = ", ".join(f"{c} {cpus.count(c)}" for c in dict.fromkeys(cpus))
+  return f"From {len(cpus)} tables, by machine: {counts} (`{file}`)."
+
+
 def render(text: str, where: str = "") -> str:
   """``text`` with every table block rendered from its JSON.
 
@@ -231,11 +258,14 @@ def render(text: str, where: str = "") -> str:
     if not path.is_file():
       raise ValueError(f"{where}: table from {file}, which does not exist")
     options = dict(o.split("=", 1) for o in m["options"].split())
+    data = json.loads(path.read_text())
     try:
-      table = RENDERERS[kind](json.loads(path.read_text()), **options)
+      table = RENDERERS[kind](data, **options)
     except TypeError as e:
       raise ValueError(f"{where}: table {kind} {file}: {e}") from None
-    return m.group(1) + table.rstrip("\n") + "\n" + m.group(6)
+    note = caption(data, file)
+    table = table.rstrip("\n") + (f"\n\n{note}" if note else "")
+    return m.group(1) + table + "\n" + m.group(6)
 
   return BLOCK.sub(one, text)
 

@@ -127,6 +127,34 @@ def test_every_table_matches_the_json_it_is_rendered_from():
   assert planted != text and doc_tables.render(planted) != planted
 
 
+def test_each_table_names_the_machine_its_json_was_measured_on():
+  from benchmarks import doc_tables
+
+  assert doc_tables.cpu_name("Intel(R) Xeon(R) Processor") == "Intel Xeon"
+  assert doc_tables.cpu_name("Intel(R) Xeon(R) CPU @ 2.20GHz") == "Intel Xeon"
+  assert doc_tables.cpu_name("AMD EPYC 7B13") == "AMD EPYC 7B13"
+  named = 0
+  for path in doc_tables.documents():
+    for block in doc_tables.BLOCK.finditer(path.read_text()):
+      data = json.loads((ROOT / block["file"]).read_text())
+      last = block["body"].rstrip().splitlines()[-1]
+      if isinstance(data, dict) and "machine" in data:
+        machine = data["machine"]
+        words = re.sub(r"\((R|TM)\)|Processor", " ", machine["cpu"]).split()
+        expected = [f"{machine['cores']}-core", *words, block["file"]]
+      elif isinstance(data, dict) and "sources" in data:
+        # A summary of other tables: how many were measured on each CPU.
+        cpus = [s["cpu"].replace("(R)", "") for s in data["sources"]]
+        cpus = [" ".join(c.replace("Processor", "").split()) for c in cpus]
+        expected = [f"{c} {cpus.count(c)}" for c in set(cpus)]
+      else:
+        continue
+      missing = [w for w in expected if w not in last]
+      assert not missing, f"{path.name}: {block['file']}'s table: {missing}"
+      named += 1
+  assert named > 50
+
+
 # A measured figure: an interval, a decimal ratio, percentage or time.
 FIGURE = re.compile(
   r"\[\d+\.\d, \d+\.\d\]|\d\.\d+x\b|\d\.\d%|\d\.\d+ (?:s|min|ms|GiB)\b"
