@@ -235,6 +235,23 @@ def test_the_filter_by_part_keeps_each_environments_share(built):
     assembly.build(c)
 
 
+def test_a_mixture_run_says_what_it_mixes_and_how_it_ranks(built):
+  from starpo_jax.run import train
+
+  setup = built[0]
+  lines = train.brief(setup, 1, "runs/x")
+  # The parts in their tags' order, the batch's.
+  parts = " + ".join(f"{t} x {PARTS[t]['groups']}" for t in sorted(PARTS))
+  assert lines[0].startswith(f"mixture of {parts}: 200 RL steps of 8 "), lines
+  assert "of all parts ranked together (RAGEN's rule)" in lines[1], lines
+  by_part = dataclasses.replace(
+    setup.config,
+    filter=dataclasses.replace(setup.config.filter, by_part=True),
+  )
+  lines = train.brief(dataclasses.replace(setup, config=by_part), 1, "x")
+  assert "of each part apart (filter.by_part)" in lines[1], lines
+
+
 def test_the_mixture_config_names_its_parts():
   c = mixture_config.get_config("parts=sokoban+sokoban")
   assert c.env.mixture.to_dict() == {

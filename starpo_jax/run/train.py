@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from starpo_jax import sharding
+from starpo_jax.agent.mixture import Mixture
 from starpo_jax.algo import diagnostics
 from starpo_jax.algo.state import Learner, TrainState
 from starpo_jax.models import lora
@@ -241,9 +242,18 @@ def brief(setup: assembly.Setup, parameters: int, workdir: str) -> list[str]:
     if f.strategy == "top_p" and f.value >= 1
     else f"groups by {f.metric}, {f.strategy} {f.value:g}"
   )
+  name = c.env.name
+  if isinstance(setup.env, Mixture):
+    name = f"mixture of {setup.env.describe()}"
+    if kept != "every group":
+      kept += (
+        " of each part apart (filter.by_part)"
+        if f.by_part
+        else " of all parts ranked together (RAGEN's rule)"
+      )
   devices = jax.devices()
   return [
-    f"{c.env.name}: {steps} of {rc.batch} episodes ({rc.env_groups} groups "
+    f"{name}: {steps} of {rc.batch} episodes ({rc.env_groups} groups "
     f"x {rc.group_size}), "
     + (
       f"up to {rc.max_turns} turns of "
