@@ -83,6 +83,9 @@ class Batch:
   returns: jax.Array  # the critic's targets (0 without a critic)
   values: jax.Array  # the critic's values at rollout time
   episode: jax.Array  # [B] int32 each row's episode in the rollout
+  # [B] int32 tokens each row shares with its unit's rows, computed once
+  # (``algo.prefix``; 0: none); set by the update.
+  prefix: jax.Array | None = None
 
 
 @struct.dataclass
@@ -117,19 +120,22 @@ def needed_length(mask: jax.Array, positions: jax.Array) -> jax.Array:
 def at_length(
   lengths: tuple[int, ...],
   needed: jax.Array,
-  fn: Callable[[jax.Array], Any],
+  fn: Callable[[jax.Array, int], Any],
   tokens: jax.Array,
+  cut: Callable[[int], int] = lambda n: n,
 ) -> tuple[Any, jax.Array]:
-  """``fn(tokens[:, :length])`` at the shortest of ``lengths`` (static,
-  ascending) that is at least ``needed``, chosen on device: one compiled
-  branch per length (``lax.switch``), no recompilation.
+  """``fn(tokens[:, :cut(length)], length)`` at the shortest of
+  ``lengths`` (static, ascending) that is at least ``needed``, chosen on
+  device: one compiled branch per length (``lax.switch``), no
+  recompilation.
 
   Returns:
     ``fn``'s result and the length used, ``[]`` int32.
   """
+  branch = lambda n: lambda t: fn(t[:, : cut(n)], n)
   if len(lengths) == 1:
-    return fn(tokens), jnp.asarray(lengths[0], jnp.int32)
+    return branch(lengths[0])(tokens), jnp.asarray(lengths[0], jnp.int32)
   table = jnp.asarray(lengths, jnp.int32)
   index = jnp.minimum(jnp.searchsorted(table, needed), len(lengths) - 1)
-  branches = [lambda t, n=n: fn(t[:, :n]) for n in lengths]
+  branches = [branch(n) for n in lengths]
   return jax.lax.switch(index, branches, tokens), table[index]

@@ -51,6 +51,14 @@ class AlgoConfig:
   # the longest kept episode; each length is one more compile of them. 1:
   # always max_context.
   length_buckets: int = 4
+  # Passes over a batch (scoring, the update, the warm start) compute the
+  # prompt a group's episodes share once per group (algo/prefix.py), each
+  # episode's own tokens at the shortest of length_buckets suffix lengths
+  # (+1) that holds them. "auto": wherever the attention kernel takes a
+  # shared prefix (the CPU's, a float32 GPU's; not cuDNN's or splash) and
+  # the whole context is seen; "on": the same, refused where it cannot;
+  # "off": every episode whole.
+  share_prefix: Literal["auto", "on", "off"] = "auto"
 
   def __post_init__(self) -> None:
     settings.check(self, "algo")

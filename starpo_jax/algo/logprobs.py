@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from starpo_jax.agent.rollout import (
   Trajectory,
 )
-from starpo_jax.algo import losses
 from starpo_jax.models.attention import TurnWindow
+from starpo_jax.models.shared import Shared
 
 
 def generated_positions(mask: jax.Array, size: int) -> jax.Array:
@@ -63,18 +63,22 @@ def micro_batches(sequences: int, length: int, tokens: int) -> int:
   )
 
 
-def in_micro_batches(fn: Callable[..., Any], tokens_budget: int):
+def in_micro_batches(
+  fn: Callable[..., Any], tokens_budget: int, micro: int = 0
+):
   """``fn(tokens [B, L], *rows)`` on micro-batches of rows holding at most
   ``tokens_budget`` tokens each (``micro_batches``; 0: all at once), one
   after another: a forward pass without gradients (scoring, diagnostics)
-  within ``algo.micro_batch_tokens``, as the update's. Every argument and
-  output is ``[B, ...]``."""
+  within ``algo.micro_batch_tokens``, as the update's. ``micro``: this
+  many micro-batches instead. Every argument and output is ``[B, ...]``."""
 
   def run(tokens: jax.Array, *rows: jax.Array):
-    micro = micro_batches(tokens.shape[0], tokens.shape[1], tokens_budget)
-    if micro == 1:
+    count = micro or micro_batches(
+      tokens.shape[0], tokens.shape[1], tokens_budget
+    )
+    if count == 1:
       return fn(tokens, *rows)
-    split = lambda x: x.reshape(micro, x.shape[0] // micro, *x.shape[1:])
+    split = lambda x: x.reshape(count, x.shape[0] // count, *x.shape[1:])
     out = jax.lax.map(lambda xs: fn(*xs), tuple(map(split, (tokens, *rows))))
     return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:]), out)
 
@@ -86,12 +90,16 @@ def _before_each(
   tokens: jax.Array,
   positions: jax.Array,
   window: TurnWindow | None,
+  shared: Shared | None = None,
 ) -> jax.Array:
   """Hidden states ``[B, G, D]`` that predict the tokens at ``positions``:
   the token at position p is predicted from the hidden state at p - 1.
   ``positions`` must be ``_within(tokens, ...)``; ``window``, of at least
-  ``tokens``' length, hides older turns (cut to that length here)."""
+  ``tokens``' length, hides older turns (cut to that length here);
+  ``shared``: the prompts the rows share, each computed once."""
   before = jnp.maximum(positions - 1, 0)
+  if shared is not None:
+    return model.hidden(tokens, at=before, shared=shared)[0]
   if window is not None and window.width:
     return _reprefilled(model, tokens, before, window.cut(tokens.shape[1]))
   if window is not None:
@@ -149,41 +157,28 @@ def sequence_logprobs(
   allowed: jax.Array | None,
   chunk: int,
   window: TurnWindow | None = None,
+  shared: Shared | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Log-probabilities and entropies of the generated tokens.
 
   The backbone runs over the whole sequence; logits are formed only for
-  the generated tokens (``positions``), ``chunk`` at a time under
-  rematerialisation, so a large vocabulary never needs ``[B, L, V]``.
+  the generated tokens (``positions``), ``chunk`` tokens at a time
+  (``models.head``), so a large vocabulary never needs ``[B, L, V]``.
 
   Args:
     tokens: ``[B, L]``.
     positions: ``[B, G]`` where the generated tokens are.
     window: the turns each token sees (``Distribution.context``; None:
       all before it).
+    shared: the prompts the rows share (``models.shared``; None: none).
 
   Returns:
     ``logp`` and ``entropy``, ``[B, G]``.
   """
   positions = _within(tokens, positions)
-  h_prev = _before_each(model, tokens, positions, window)
+  h_prev = _before_each(model, tokens, positions, window, shared)
   targets = jnp.take_along_axis(tokens, positions, axis=1)
-  b, g, d = h_prev.shape
-  chunk = min(chunk, g)
-  pad = -g % chunk
-  hp = jnp.pad(h_prev, ((0, 0), (0, pad), (0, 0)))
-  tp = jnp.pad(targets, ((0, 0), (0, pad)))
-  n = hp.shape[1] // chunk
-
-  @jax.checkpoint
-  def one(hc, tc):
-    return losses.token_logprobs(model.logits(hc), tc, temperature, allowed)
-
-  hc = hp.reshape(b, n, chunk, d).swapaxes(0, 1)
-  tc = tp.reshape(b, n, chunk).swapaxes(0, 1)
-  logp, ent = jax.lax.map(lambda xs: one(*xs), (hc, tc))
-  unchunk = lambda x: x.swapaxes(0, 1).reshape(b, -1)[:, :g]
-  return unchunk(logp), unchunk(ent)
+  return model.token_logprobs(h_prev, targets, temperature, allowed, chunk)
 
 
 def sequence_values(
@@ -191,9 +186,11 @@ def sequence_values(
   tokens: jax.Array,
   positions: jax.Array,
   window: TurnWindow | None = None,
+  shared: Shared | None = None,
 ) -> jax.Array:
   """The critic's value ``[B, G]`` of the state before each generated
   token (``tokens [B, L]``, ``positions [B, G]``), seeing what the policy
-  saw (``window``)."""
+  saw (``window``), the rows' ``shared`` prompts computed once."""
   positions = _within(tokens, positions)
-  return critic.values(_before_each(critic, tokens, positions, window))
+  h = _before_each(critic, tokens, positions, window, shared)
+  return critic.values(h)

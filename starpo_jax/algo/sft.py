@@ -59,6 +59,8 @@ from starpo_jax import settings, sharding
 from starpo_jax.agent import mixture
 from starpo_jax.agent.codec import Codec
 from starpo_jax.agent.rollout import RolloutConfig, Trajectory
+from starpo_jax.algo import prefix as prefix_lib
+from starpo_jax.algo.batch import at_length
 from starpo_jax.algo.experts import (
   Replies,
   expert_trajectories,
@@ -72,7 +74,7 @@ from starpo_jax.algo.logprobs import (
 )
 from starpo_jax.algo.spec import Distribution
 from starpo_jax.algo.state import TrainState
-from starpo_jax.algo.update import apply_gradients
+from starpo_jax.algo.update import apply_gradients, passes
 from starpo_jax.models.attention import TurnWindow
 
 Expert = Literal["planner", "search", "random_valid", "world_model"]
@@ -239,20 +241,53 @@ def imitation_loss(
   chunk: int,
   keep: jax.Array,
   window: TurnWindow | None = None,
+  plan: prefix_lib.Plan | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Mean negative log-likelihood of the expert's reply tokens, in the
   episodes ``keep [B]`` marks, each seeing the turns ``window`` shows (as
-  the rollout will)."""
+  the rollout will), the prompt they share computed once under ``plan``
+  (``algo.prefix``; None: each episode whole)."""
   positions, mask = pack_generated(traj, size)
   mask = mask & keep[:, None]
   model = nnx.merge(policy_def, params)
-  logp, _ = sequence_logprobs(
-    model, traj.tokens, positions, temperature, allowed, chunk, window
+  logp = _logprobs(
+    model,
+    traj.tokens,
+    positions,
+    mask,
+    temperature,
+    allowed,
+    chunk,
+    window,
+    plan,
   )
   m = mask.astype(jnp.float32)
   count = jnp.maximum(jnp.sum(m), 1.0)
   loss = -jnp.sum(logp * m) / count
   return loss, {"loss": loss, "token_prob": jnp.sum(jnp.exp(logp) * m) / count}
+
+
+def _logprobs(
+  model, tokens, positions, mask, temperature, allowed, chunk, window, plan
+) -> jax.Array:
+  """``sequence_logprobs`` of the tokens at ``positions [B, G]``; under a
+  ``plan``, the rows' shared prompt once and each row's own tokens at the
+  shortest suffix length that holds its ``mask``ed ones."""
+  if plan is None:
+    return sequence_logprobs(
+      model, tokens, positions, temperature, allowed, chunk, window
+    )[0]
+  prefix, lengths, needed, cut = passes(plan, tokens, positions, mask, 0)
+  logp = lambda t, n: sequence_logprobs(
+    model,
+    t,
+    positions,
+    temperature,
+    allowed,
+    chunk,
+    shared=plan.shared(prefix, n),
+  )[0]
+  return at_length(lengths, needed, logp, tokens, cut)[0]
 
 
 def changed_tokens(traj: Trajectory) -> jax.Array:
@@ -286,6 +321,7 @@ def world_model_loss(
   chunk: int,
   keep: jax.Array,
   window: TurnWindow | None = None,
+  plan: prefix_lib.Plan | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Negative log-likelihood of every later turn's prompt (what the
   environment showed after the actions) and of the replies (of the
@@ -306,8 +342,8 @@ def world_model_loss(
   positions = generated_positions(mask, size)
   slots = jnp.arange(size) < jnp.sum(mask, 1)[:, None]
   model = nnx.merge(policy_def, params)
-  logp, _ = sequence_logprobs(
-    model, traj.tokens, positions, 1.0, None, chunk, window
+  logp = _logprobs(
+    model, traj.tokens, positions, slots, 1.0, None, chunk, window, plan
   )
   # Back to token positions, to read the prompts' tokens turn by turn.
   rows = jnp.arange(logp.shape[0])[:, None]
@@ -345,15 +381,17 @@ def _objective(
   allowed: jax.Array | None,
   logits_chunk: int,
   context: Any,
+  plan: prefix_lib.Plan | None = None,
 ):
   """Whether any token trains, and ``params -> (loss, stats)``: the
   world model's loss for ``expert="world_model"``, else imitation; each
   token seeing what it sees in the rollout (``context``:
-  ``Distribution.context``)."""
+  ``Distribution.context``), the episodes' shared prompt once under
+  ``plan``."""
   window = context(traj.turn_ids)
   if expert == "world_model":
     return jnp.any(traj.loss_mask), lambda p: world_model_loss(
-      p, policy_def, traj, logits_chunk, keep, window
+      p, policy_def, traj, logits_chunk, keep, window, plan
     )
   return jnp.any(traj.loss_mask & keep[:, None]), lambda p: imitation_loss(
     p,
@@ -365,6 +403,7 @@ def _objective(
     logits_chunk,
     keep,
     window,
+    plan,
   )
 
 
@@ -375,8 +414,10 @@ class WarmStartSpec:
   ``envs.batched`` takes; the warm start needs a jittable one; or a
   ``Mixture`` of them), how episodes are played (``rollout``), its own
   settings (``sft``), the policy's definition and optimizer, the replies
-  the script spells (a tuple, a part's each, for a ``Mixture``), and the
-  logits' chunk (``algo.logits_chunk``)."""
+  the script spells (a tuple, a part's each, for a ``Mixture``), the
+  logits' chunk (``algo.logits_chunk``), and whether the episodes' shared
+  prompt is computed once (``algo.share_prefix``, at ``length_buckets``
+  suffix lengths: ``algo.prefix``)."""
 
   env: Any
   rollout: RolloutConfig
@@ -385,6 +426,8 @@ class WarmStartSpec:
   tx: optax.GradientTransformation
   replies: Replies | tuple[Replies, ...]
   logits_chunk: int
+  share_prefix: prefix_lib.Setting = "off"
+  length_buckets: int = 1
 
 
 def make_sft_step(spec: WarmStartSpec, codec: Any, mesh: Any = None):
@@ -431,6 +474,7 @@ def make_sft_step(spec: WarmStartSpec, codec: Any, mesh: Any = None):
       codec.allowed,
       spec.logits_chunk,
       Distribution.of(cfg, codec).context,
+      _plan(spec, state, codec, cfg, traj.tokens.shape[0]),
     )
     grad_fn = jax.value_and_grad(objective, has_aux=True)
     params, opt, stats, finite = apply_gradients(
@@ -439,6 +483,20 @@ def make_sft_step(spec: WarmStartSpec, codec: Any, mesh: Any = None):
     return _updated(state, params, opt, finite, stats, traj, keep, reasoning)
 
   return sharding.traced_for(mesh, step)
+
+
+def _plan(spec, state, codec, cfg, rows: int) -> prefix_lib.Plan | None:
+  """The warm start's prompt sharing: its ``rows`` episodes (each of a
+  level of its own) one unit, whose system prompt runs once."""
+  return prefix_lib.plan(
+    spec.share_prefix,
+    nnx.merge(spec.policy_def, state.policy),
+    codec,
+    cfg,
+    rows,
+    spec.length_buckets,
+    Distribution.of(cfg, codec).window,
+  )
 
 
 def warm_parts(

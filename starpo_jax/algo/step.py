@@ -36,8 +36,6 @@ from starpo_jax.algo.batch import (
   Scored,
   Selection,
   at_length,
-  bucket_lengths,
-  needed_length,
 )
 from starpo_jax.algo.config import AlgoConfig
 from starpo_jax.algo.logprobs import (
@@ -54,7 +52,7 @@ from starpo_jax.algo.state import (
   frozen_base,
   joined,
 )
-from starpo_jax.algo.update import update
+from starpo_jax.algo.update import passes, sharing, update
 
 
 def token_rewards(traj: Trajectory, use_turn_scores: bool) -> jax.Array:
@@ -124,22 +122,32 @@ def score_models(
   tokens: jax.Array,
   turns: jax.Array,
   scored: Scored,
+  micro: int = 0,
+  share: Callable[[jax.Array], Any] = lambda prefix: None,
+  prefix: jax.Array | None = None,
 ) -> Scored:
   """``scored`` with the reference's log-probabilities (and the KL, in the
   rewards if ``algo.kl_in_reward``) and the critic's values on the
   episodes ``tokens [B, L']`` (``L'`` holding every generated token;
-  ``turns [B, L]``, their tokens' turns, at least as long)."""
+  ``turns [B, L]``, their tokens' turns, at least as long), in ``micro``
+  micro-batches (0: as ``algo.micro_batch_tokens`` asks), the rows'
+  shared prompts computed once where ``share(prefix)`` says so
+  (``prefix [B]``: each row's shared tokens, ``algo.prefix``)."""
   learner, algo, dist = spec.learner, spec.algo, spec.distribution(codec)
   positions, mask = scored.positions, scored.mask
   ref_logp, rewards, values = scored.ref_logp, scored.rewards, scored.values
+  if prefix is None:
+    prefix = jnp.zeros(tokens.shape[:1], jnp.int32)
   # Forward passes only, within the update's token budget.
-  budget = algo.micro_batch_tokens
+  passes = lambda fn: in_micro_batches(fn, algo.micro_batch_tokens, micro)(
+    tokens, positions, turns, prefix
+  )
   if algo.uses_reference:
     reference = nnx.merge(
       learner.policy_def,
       frozen_base(state.policy) if learner.adapters else state.reference,
     )
-    ref_fn = lambda t, p, u: sequence_logprobs(
+    ref_fn = lambda t, p, u, s: sequence_logprobs(
       reference,
       t,
       p,
@@ -147,9 +155,9 @@ def score_models(
       dist.allowed,
       algo.logits_chunk,
       dist.context(u),
+      share(s),
     )[0]
-    ref_logp = in_micro_batches(ref_fn, budget)(tokens, positions, turns)
-    ref_logp = jax.lax.stop_gradient(ref_logp)
+    ref_logp = jax.lax.stop_gradient(passes(ref_fn))
   kl = losses.kl(scored.old_logp, ref_logp, algo.kl_estimator) * mask
   if algo.uses_reference and algo.kl_in_reward:
     rewards = rewards - algo.kl_coef * kl
@@ -158,12 +166,41 @@ def score_models(
       learner.critic_def,
       joined(state.critic, critic_base(learner, state.policy)),
     )
-    values_fn = lambda t, p, u: sequence_values(critic, t, p, dist.context(u))
-    values = in_micro_batches(values_fn, budget)(tokens, positions, turns)
-    values = jax.lax.stop_gradient(values) * mask
+    values_fn = lambda t, p, u, s: sequence_values(
+      critic, t, p, dist.context(u), share(s)
+    )
+    values = jax.lax.stop_gradient(passes(values_fn)) * mask
   return scored.replace(
     ref_logp=ref_logp, kl=kl, rewards=rewards, values=values
   )
+
+
+def score_batch(
+  spec: StepSpec,
+  state: TrainState,
+  codec: Codec,
+  tokens: jax.Array,
+  turns: jax.Array,
+  scored: Scored,
+  mask: jax.Array,
+) -> Scored:
+  """``score_models`` at the shortest static length that holds the
+  tokens ``mask [B, G]`` marks (a bucket, or a suffix after the rows'
+  shared prompts: ``update.passes``)."""
+  plan, micro = sharing(spec, state, codec, tokens.shape[0], tokens.shape[1])
+  prefix, lengths, needed, cut = passes(
+    plan, tokens, scored.positions, mask, spec.algo.length_buckets
+  )
+
+  def fn(t: jax.Array, n: int) -> Scored:
+    if plan is None:
+      return score_models(spec, state, codec, t, turns, scored)
+    share = lambda prefix: plan.shared(prefix, n)
+    return score_models(
+      spec, state, codec, t, turns, scored, micro, share, prefix
+    )
+
+  return at_length(lengths, needed, fn, tokens, cut)[0]
 
 
 def held_groups(spec: StepSpec) -> int:
@@ -293,16 +330,12 @@ def prepare_batch(
   """
   algo, groups = spec.algo, spec.rollout.env_groups
   held = held_groups(spec)
-  lengths = bucket_lengths(traj.tokens.shape[1], algo.length_buckets)
 
   def by_models(tokens, turns, scored: Scored, mask: jax.Array):
     if not (algo.uses_reference or algo.uses_critic):
       return scored
     with jax.named_scope("score"):
-      fn = lambda t: score_models(spec, state, codec, t, turns, scored)
-      return at_length(
-        lengths, needed_length(mask, scored.positions), fn, tokens
-      )[0]
+      return score_batch(spec, state, codec, tokens, turns, scored, mask)
 
   with jax.named_scope("score"):
     scored = score_rewards(traj, spec.rollout, algo)

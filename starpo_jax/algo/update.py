@@ -15,6 +15,7 @@ from flax import nnx
 
 from starpo_jax.agent.codec import Codec
 from starpo_jax.algo import losses
+from starpo_jax.algo import prefix as prefix_lib
 from starpo_jax.algo.batch import (
   Batch,
   at_length,
@@ -34,9 +35,13 @@ from starpo_jax.algo.state import (
   joined,
   trainable,
 )
+from starpo_jax.models.shared import Shared
 
 Objective = Callable[[Any, Batch], tuple[jax.Array, dict[str, jax.Array]]]
 GradFn = Callable[[Any], tuple[tuple[jax.Array, dict[str, jax.Array]], Any]]
+
+
+Share = Callable[[Batch], Shared | None]
 
 
 def policy_objective(
@@ -45,9 +50,11 @@ def policy_objective(
   batch: Batch,
   algo: AlgoConfig,
   dist: Distribution,
+  share: Share = lambda batch: None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Clipped policy loss - entropy bonus (+ KL to the reference), the
-  log-probabilities under ``dist``."""
+  log-probabilities under ``dist``, each row's shared prompt computed
+  once per unit where ``share(batch)`` says so."""
   model = nnx.merge(policy_def, params)
   logp, ent = sequence_logprobs(
     model,
@@ -57,6 +64,7 @@ def policy_objective(
     dist.allowed,
     algo.logits_chunk,
     dist.context(batch.turns),
+    share(batch),
   )
   m = batch.mask
   pg, stats = losses.policy_loss(
@@ -85,14 +93,16 @@ def critic_objective(
   batch: Batch,
   algo: AlgoConfig,
   dist: Distribution,
+  share: Share = lambda batch: None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The clipped value loss on the batch's returns (the critic sees what
-  the policy saw: ``dist.context``)."""
+  the policy saw: ``dist.context``; ``share`` as the policy's)."""
   v = sequence_values(
     nnx.merge(critic_def, params),
     batch.tokens,
     batch.positions,
     dist.context(batch.turns),
+    share(batch),
   )
   loss, clip_frac = losses.value_loss(
     v,
@@ -179,19 +189,26 @@ def apply_gradients(
 
 
 def minibatches(
-  batch: Batch, keep: jax.Array, size: int, key: jax.Array, episodes: int
+  batch: Batch,
+  keep: jax.Array,
+  size: int,
+  key: jax.Array,
+  episodes: int,
+  unit: int = 1,
 ) -> Batch:
   """The batch shuffled and cut into ``[B / size, size, ...]``.
 
-  The shuffle is a permutation of the rollout's ``episodes`` (rows follow
-  their episode's place in it), so a batch holding only the kept groups
-  gets the same minibatches as the whole rollout would. Kept episodes move
-  to the front, so minibatches with nothing to train on come last and are
-  skipped.
+  The shuffle is a permutation of the rollout's ``episodes`` in units of
+  ``unit`` consecutive ones (rows follow their episode's place in it; a
+  unit's rows stay together, in order), so a batch holding only the kept
+  groups gets the same minibatches as the whole rollout would. Kept
+  episodes move to the front, so minibatches with nothing to train on
+  come last and are skipped.
   """
   b = keep.shape[0]
-  rank = jnp.argsort(jax.random.permutation(key, episodes))
-  order = jnp.argsort(rank[batch.episode])
+  rank = jnp.argsort(jax.random.permutation(key, episodes // unit))
+  place = rank[batch.episode // unit] * unit + batch.episode % unit
+  order = jnp.argsort(place)
   order = order[jnp.argsort(~keep[order], stable=True)]
   return jax.tree.map(
     lambda x: x[order].reshape(b // size, size, *x.shape[1:]), batch
@@ -199,21 +216,63 @@ def minibatches(
 
 
 def _losses(
-  spec: StepSpec, state: TrainState, dist: Distribution
+  spec: StepSpec, state: TrainState, dist: Distribution, share: Share
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
   """The policy's and the critic's objectives of (what they train, a
   minibatch). With adapters only they are differentiated; the frozen
   weights are closed over."""
   learner, algo = spec.learner, spec.algo
   frozen = trainable(learner, state.policy)[1]
-  shared = critic_base(learner, state.policy)
+  base = critic_base(learner, state.policy)
   policy_loss = lambda p, b: policy_objective(
-    joined(p, frozen), learner.policy_def, b, algo, dist
+    joined(p, frozen), learner.policy_def, b, algo, dist, share
   )
   critic_loss = lambda p, b: critic_objective(
-    joined(p, shared), learner.critic_def, b, algo, dist
+    joined(p, base), learner.critic_def, b, algo, dist, share
   )
   return policy_loss, critic_loss
+
+
+def sharing(
+  spec: StepSpec, state: TrainState, codec: Codec, rows: int, length: int
+) -> tuple[prefix_lib.Plan | None, int]:
+  """How passes over ``rows`` rows of ``length`` tokens share their
+  groups' prompts (``algo.share_prefix``; None: they do not), and the
+  micro-batches they run in (``algo.micro_batch_tokens``), fixed for every
+  length a pass may run at so that no unit straddles two."""
+  algo = spec.algo
+  micro = micro_batches(rows, length, algo.micro_batch_tokens)
+  plan = prefix_lib.plan(
+    algo.share_prefix,
+    nnx.merge(spec.learner.policy_def, state.policy),
+    codec,
+    spec.rollout,
+    prefix_lib.unit_of(spec.rollout.group_size, rows // micro),
+    algo.length_buckets,
+    spec.distribution(codec).window,
+  )
+  return plan, micro
+
+
+def passes(
+  plan: prefix_lib.Plan | None,
+  tokens: jax.Array,
+  positions: jax.Array,
+  mask: jax.Array,
+  buckets: int,
+) -> tuple[jax.Array | None, tuple[int, ...], jax.Array, Callable[[int], int]]:
+  """Where passes over the rows ``tokens [B, L]`` may run to read their
+  tokens ``mask [B, G]`` marks at ``positions [B, G]``: each row's
+  shared tokens under ``plan`` (None without one), the static lengths
+  (``buckets`` of them; suffixes under ``plan``), the one they need, and
+  the tokens a pass at each length reads."""
+  context = tokens.shape[1]
+  if plan is None:
+    needed = needed_length(mask, positions)
+    return None, bucket_lengths(context, buckets), needed, lambda n: n
+  prefix = plan.lengths(tokens, positions, mask)
+  needed = plan.needed(prefix, positions, mask)
+  return prefix, plan.suffixes, needed, lambda n: plan.cut(context, n)
 
 
 def _minibatch_update(spec: StepSpec, carry, grads, losses, live):
@@ -248,46 +307,74 @@ def update(
 
   A minibatch is ``rollout.batch / algo.minibatches`` rows (the batch may
   hold only some of the rollout's episodes). Every minibatch runs at the
-  shortest of ``bucket_lengths`` holding the batch's kept tokens.
+  shortest of ``bucket_lengths`` holding the batch's kept tokens, or with
+  ``algo.share_prefix`` each group's prompt once and each row's own
+  tokens at the shortest suffix that holds them (``algo.prefix``).
 
   Returns:
     The state with new parameters and optimizer states, and per-minibatch
     statistics ``[epochs, minibatches]`` (``live``: it had tokens to train
-    on; ``skipped``: its update was not finite; ``length``: the sequence
-    length it ran at).
+    on; ``skipped``: its update was not finite; ``length``: the tokens a
+    row ran at, its own beyond the shared prompt where one is shared;
+    ``prefix_tokens_saved``: tokens computed once per unit, not per row).
   """
   learner, algo = spec.learner, spec.algo
-  context = batch.tokens.shape[1]
-  episodes = spec.rollout.batch
-  size = episodes // algo.minibatches
-  lengths = bucket_lengths(context, algo.length_buckets)
+  size = spec.rollout.batch // algo.minibatches
+  plan, micro = sharing(spec, state, codec, size, batch.tokens.shape[1])
+  prefix, lengths, needed, cut = passes(
+    plan, batch.tokens, batch.positions, batch.mask, algo.length_buckets
+  )
+  batch = batch.replace(prefix=prefix)
   part, frozen = trainable(learner, state.policy)
-  losses = _losses(spec, state, spec.distribution(codec))
+  losses = lambda n: _losses(
+    spec,
+    state,
+    spec.distribution(codec),
+    lambda mb: None if plan is None else plan.shared(mb.prefix, n),
+  )
 
-  def at(tokens: jax.Array):
-    micro = micro_batches(size, tokens.shape[1], algo.micro_batch_tokens)
-
-    def train_minibatch(carry, mb: Batch):
-      mb = constrain(mb)
-      grads = lambda objective: batch_gradients(
-        objective, mb, micro, algo.loss_agg
-      )
-      live = jnp.any(mb.mask)
-      return _minibatch_update(spec, carry, grads, losses, live)
-
-    def epoch(carry, k):
-      parts = minibatches(batch.replace(tokens=tokens), keep, size, k, episodes)
-      return jax.lax.scan(train_minibatch, carry, parts)
-
+  def at(tokens: jax.Array, n: int):
+    if plan is None:  # each length its own micro-batches
+      micro_n = micro_batches(size, tokens.shape[1], algo.micro_batch_tokens)
+    else:  # one count for all, that no unit straddles two
+      micro_n = micro
     carry = (part, state.policy_opt, state.critic, state.critic_opt)
-    return jax.lax.scan(epoch, carry, jax.random.split(key, algo.epochs))
+    batch_n = batch.replace(tokens=tokens)
+    passes_n = (plan, micro_n)
+    return _epochs(
+      spec, carry, batch_n, keep, key, passes_n, losses(n), constrain
+    )
 
-  needed = needed_length(batch.mask, batch.positions)
   with jax.named_scope("update"):
-    out, length = at_length(lengths, needed, at, batch.tokens)
+    out, length = at_length(lengths, needed, at, batch.tokens, cut)
   (params, opt, c_params, c_opt), stats = out
   stats["length"] = jnp.broadcast_to(length, stats["live"].shape)
   policy = joined(params, frozen)
   return state.replace(
     policy=policy, policy_opt=opt, critic=c_params, critic_opt=c_opt
   ), stats
+
+
+def _epochs(spec, carry, batch, keep, key, passes, losses, constrain):
+  """``algo.epochs`` over shuffled minibatches of ``batch``, each trained
+  in ``passes``' micro-batches, its units together under ``passes``'
+  plan (``update``'s)."""
+  algo, (plan, micro) = spec.algo, passes
+  size = spec.rollout.batch // algo.minibatches
+  unit = 1 if plan is None else plan.unit
+
+  def train_minibatch(carry, mb: Batch):
+    mb = constrain(mb)
+    grads = lambda objective: batch_gradients(
+      objective, mb, micro, algo.loss_agg
+    )
+    live = jnp.any(mb.mask)
+    carry, stats = _minibatch_update(spec, carry, grads, losses, live)
+    saved = 0.0 if plan is None else plan.saved(mb.prefix)
+    return carry, dict(stats, prefix_tokens_saved=saved * live)
+
+  def epoch(carry, k):
+    mbs = minibatches(batch, keep, size, k, spec.rollout.batch, unit)
+    return jax.lax.scan(train_minibatch, carry, mbs)
+
+  return jax.lax.scan(epoch, carry, jax.random.split(key, algo.epochs))

@@ -9,9 +9,10 @@ Training (a sequence attending causally to itself) never materialises the
 - ``"splash"``: the Pallas splash-attention kernel on TPU, forward and
   backward, run per device inside ``shard_map`` over the mesh of the
   computation being traced (``sharding.traced_for``);
-- ``"blockwise"``: a flash-attention-style kernel in plain JAX (query blocks
-  that visit only the keys up to their end, a backward pass that recomputes
-  the probabilities): the CPU's fast path, and the GPU's for float32;
+- ``"blockwise"``: a flash-attention-style kernel in plain JAX
+  (``blockwise.py``: query blocks that visit only the keys up to their
+  end, a backward pass that recomputes the probabilities): the CPU's fast
+  path, and the GPU's for float32;
 - ``"xla"``: ``jax.nn.dot_product_attention``'s XLA version, the reference
   the others are tested against (it materialises the scores).
 
@@ -28,6 +29,11 @@ multi-turn episode's older turns: a token sees the system prompt and the
 last ``size`` turns, its own included. Training takes it as each token's
 turn (the ``xla`` and ``blockwise`` kernels mask by it); decoding takes it
 as a span of cache slots no query of the turn sees.
+
+A ``Prefix`` is what sequences that begin alike share (``models.shared``):
+the keys and values of their common prompt, computed once, which each
+sequence's queries see before their own tokens (the ``xla`` and
+``blockwise`` kernels).
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 from jax.sharding import PartitionSpec as P
+
+from starpo_jax.models import blockwise
+from starpo_jax.models.blockwise import ATTENTION_BLOCK, Prefix
 
 IMPLEMENTATIONS = ("auto", "xla", "blockwise", "cudnn", "splash")
 
@@ -69,8 +78,7 @@ class TurnWindow:
   def sees(self, query_turns: jax.Array, key_turns: jax.Array) -> jax.Array:
     """``[..., Q, S]`` bool: query ``[..., Q]`` sees key ``[..., S]``
     (causality apart)."""
-    q, k = query_turns[..., :, None], key_turns[..., None, :]
-    return (k < 0) | (k > q - self.size)
+    return blockwise.sees(query_turns, key_turns, self.size)
 
   def cut(self, length: int) -> TurnWindow:
     """The window of the sequence's first ``length`` tokens."""
@@ -112,12 +120,20 @@ def choose(implementation: str, dtype: jnp.dtype, on: str) -> str:
   return implementation
 
 
+def takes_prefix(implementation: str, dtype: jnp.dtype, on: str) -> bool:
+  """Whether the kernel ``implementation`` picks for ``dtype`` on platform
+  ``on`` attends after a shared ``Prefix`` (the plain-JAX kernels; the
+  cuDNN and splash kernels compiled here have a causal mask only)."""
+  return choose(implementation, dtype, on) in ("xla", "blockwise")
+
+
 def causal(
   q: jax.Array,
   k: jax.Array,
   v: jax.Array,
   implementation: str = "auto",
   window: TurnWindow | None = None,
+  prefix: Prefix | None = None,
 ) -> jax.Array:
   """Causal grouped-query attention of a sequence with itself.
 
@@ -128,19 +144,26 @@ def causal(
     window: older turns hidden as well. Only the ``xla`` and ``blockwise``
       kernels take one (``"auto"`` then picks ``blockwise``): the cuDNN and
       splash kernels compiled here have a causal mask only.
+    prefix: keys and values every query sees first (the first
+      ``prefix.length`` of them), a prompt shared with other sequences;
+      the ``xla`` and ``blockwise`` kernels only, as for a window.
 
   Returns:
     ``[B, T, N, H]``.
   """
-  if window is not None:
+  if window is not None or prefix is not None:
     if implementation in ("cudnn", "splash"):
+      what = "context window" if window is not None else "shared prefix"
       raise ValueError(
-        f"model: attention={implementation!r} has no context window "
-        "(rollout.context_window); use 'blockwise' or 'xla'"
+        f"model: attention={implementation!r} has no {what} "
+        "(rollout.context_window, algo.share_prefix); use 'blockwise' or "
+        "'xla'"
       )
     if implementation == "xla":
-      return reference(q, k, v, window)
-    return blockwise(q, k, v, window)
+      return reference(q, k, v, window, prefix)
+    turns = None if window is None else window.turns
+    size = 0 if window is None else window.size
+    return blockwise.attend(q, k, v, turns, size, prefix)
   kind = choose(implementation, q.dtype, platform())
   if kind == "xla":
     return reference(q, k, v)
@@ -150,19 +173,33 @@ def causal(
     )
   if kind == "splash":
     return splash(q, k, v)
-  return blockwise(q, k, v)
+  return blockwise.attend(q, k, v)
 
 
 def reference(
-  q: jax.Array, k: jax.Array, v: jax.Array, window: TurnWindow | None = None
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  window: TurnWindow | None = None,
+  prefix: Prefix | None = None,
 ) -> jax.Array:
   """Causal attention as XLA computes it, scores and all."""
-  mask = None
+  if prefix is None:
+    mask = None
+    if window is not None:
+      mask = window.sees(window.turns, window.turns)[:, None]
+    return jax.nn.dot_product_attention(
+      q, k, v, mask=mask, is_causal=True, implementation="xla"
+    )
+  t = q.shape[1]
+  mask = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
   if window is not None:
-    mask = window.sees(window.turns, window.turns)[:, None]
-  return jax.nn.dot_product_attention(
-    q, k, v, mask=mask, is_causal=True, implementation="xla"
-  )
+    mask = mask & window.sees(window.turns, window.turns)
+  mask = jnp.broadcast_to(mask, (q.shape[0], t, t))
+  mask = jnp.concatenate([prefix.visible(q), mask], axis=2)[:, None]
+  k = jnp.concatenate([prefix.k.astype(k.dtype), k], axis=1)
+  v = jnp.concatenate([prefix.v.astype(v.dtype), v], axis=1)
+  return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
 
 
 # ---------------------------------------------------------------------------
@@ -256,159 +293,7 @@ def splash(
 
 
 # ---------------------------------------------------------------------------
-# Blockwise attention (CPU; GPU in float32)
-
-ATTENTION_BLOCK = 128
-
-
-# Causal attention over a whole sequence runs at most this many query blocks.
-MAX_CAUSAL_BLOCKS = 16
-
-# A turn's prefill attends to the cache's slots up to the furthest one in
-# use, rounded up to a block of at least ATTENTION_BLOCK: at most this many
-# prefix lengths, each a compiled branch (each costs about a tenth of a
-# rollout's compile; a half-empty cache halves the prefill's attention).
-MAX_PREFILL_LENGTHS = 2
-
-# Sequences attended together, one group per iteration of a row loop: as
-# many as keep the group's float32 scores within this many bytes. Short
-# sequences then share an iteration (a loop of tiny steps is bound by its
-# per-operation overhead), long ones keep one each (their scores in cache).
-ROW_GROUP_BYTES = 2 << 20
-
-
-def _rows_per_step(rows: int, heads: int, queries: int, keys: int):
-  """How many of ``rows`` sequences one iteration of a row loop takes
-  (``lax.map``'s ``batch_size``; None: one): a divisor of ``rows``, as
-  ``lax.map`` runs a remainder as a second, slow loop of its own."""
-  most = min(rows, ROW_GROUP_BYTES // (4 * heads * queries * keys))
-  group = max((d for d in range(1, most + 1) if rows % d == 0), default=1)
-  return group if group > 1 else None
-
-
-def blockwise(
-  q: jax.Array, k: jax.Array, v: jax.Array, window: TurnWindow | None = None
-) -> jax.Array:
-  """Causal attention without the ``[T, T]`` scores of a whole batch.
-
-  One sequence at a time (its score blocks stay in cache), queries in
-  blocks that attend only to the keys up to their end (the masked half is
-  never computed), and a backward pass that recomputes the probabilities
-  from the saved log-normalisers rather than storing them. For a 768-token
-  sequence on 2 CPU cores it is about 3x faster than XLA's attention
-  forward and 2x forward and backward. A ``window`` masks each block by
-  the tokens' turns as well.
-  """
-  if window is None:
-    return _row_attention(q, k, v, None, 0)
-  return _row_attention(q, k, v, window.turns, window.size)
-
-
-def _blocks(t: int) -> list[tuple[int, int]]:
-  blk = max(ATTENTION_BLOCK, -(-t // MAX_CAUSAL_BLOCKS))
-  return [(s, min(s + blk, t)) for s in range(0, t, blk)]
-
-
-def _head_major(q, k, v):
-  """One sequence: ``[T, N, H]`` -> scaled float32 ``[K, G, T, H]``, and
-  ``[T, K, H]`` -> ``[K, T, H]``."""
-  t, n, h = q.shape
-  kv = k.shape[1]
-  qq = q.astype(jnp.float32).reshape(t, kv, n // kv, h).transpose(1, 2, 0, 3)
-  qq = qq / math.sqrt(h)
-  kk = k.astype(jnp.float32).transpose(1, 0, 2)
-  vv = v.astype(jnp.float32).transpose(1, 0, 2)
-  return qq, kk, vv
-
-
-def _visible(start: int, end: int, turns, size: int) -> jax.Array:
-  """``[end - start, end]`` bool: which keys up to ``end`` the queries
-  ``start:end`` of one sequence see (causal; by turn where ``turns``)."""
-  ok = jnp.arange(end)[None, :] <= jnp.arange(start, end)[:, None]
-  if turns is None:
-    return ok
-  return ok & TurnWindow(turns, size).sees(turns[start:end], turns[:end])
-
-
-def _row_forward(q, k, v, turns, size):
-  """One sequence's attention ``[T, N, H]`` and log-normalisers
-  ``[K, G, T]``."""
-  t, n, h = q.shape
-  qq, kk, vv = _head_major(q, k, v)
-  outs, lses = [], []
-  for start, end in _blocks(t):
-    s = jnp.einsum("KGTH,KSH->KGTS", qq[:, :, start:end], kk[:, :end])
-    s = jnp.where(_visible(start, end, turns, size), s, -jnp.inf)
-    m = jnp.max(s, axis=-1, keepdims=True)
-    p = jnp.exp(s - m)
-    total = jnp.sum(p, axis=-1, keepdims=True)
-    outs.append(jnp.einsum("KGTS,KSH->KGTH", p, vv[:, :end]) / total)
-    lses.append((m + jnp.log(total))[..., 0])
-  o = jnp.concatenate(outs, axis=2).transpose(2, 0, 1, 3).reshape(t, n, h)
-  return o, jnp.concatenate(lses, axis=2)
-
-
-def _row_backward(q, k, v, turns, o, lse, do, size):
-  """Gradients of one sequence's attention, probabilities recomputed."""
-  t, n, h = q.shape
-  kv = k.shape[1]
-  qq, kk, vv = _head_major(q, k, v)
-  heads = lambda x: x.astype(jnp.float32).reshape(t, kv, n // kv, h)
-  do_ = heads(do).transpose(1, 2, 0, 3)  # [K, G, T, H]
-  delta = jnp.sum(do_ * heads(o).transpose(1, 2, 0, 3), axis=-1)  # [K, G, T]
-  # dk and dv are summed over queries as [K, H, S]: the query block's
-  # q and do (H wide) are the dots' transposed operands, not the [.., S]
-  # probabilities (XLA:CPU transposes a left operand contracted over its
-  # leading axes in memory).
-  dq, dk, dv = [], jnp.zeros((kv, h, t)), jnp.zeros((kv, h, t))
-  for start, end in _blocks(t):
-    qb, dob = qq[:, :, start:end], do_[:, :, start:end]
-    s = jnp.einsum("KGTH,KSH->KGTS", qb, kk[:, :end])
-    ok = _visible(start, end, turns, size)
-    p = jnp.where(ok, jnp.exp(s - lse[:, :, start:end, None]), 0.0)
-    pad = ((0, 0), (0, 0), (0, t - end))
-    dv = dv + jnp.pad(jnp.einsum("KGTH,KGTS->KHS", dob, p), pad)
-    dp = jnp.einsum("KGTH,KSH->KGTS", dob, vv[:, :end])
-    ds = p * (dp - delta[:, :, start:end, None])
-    dq.append(jnp.einsum("KGTS,KSH->KGTH", ds, kk[:, :end]) / math.sqrt(h))
-    dk = dk + jnp.pad(jnp.einsum("KGTH,KGTS->KHS", qb, ds), pad)
-  dq = jnp.concatenate(dq, axis=2).transpose(2, 0, 1, 3).reshape(t, n, h)
-  return (
-    dq.astype(q.dtype),
-    dk.transpose(2, 0, 1).astype(k.dtype),
-    dv.transpose(2, 0, 1).astype(v.dtype),
-  )
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _row_attention(q, k, v, turns, size):
-  """``turns [B, T]`` (or None) and ``size``: a ``TurnWindow``'s."""
-  return _row_attention_fwd(q, k, v, turns, size)[0]
-
-
-def _row_attention_fwd(q, k, v, turns, size):
-  b, t, n = q.shape[:3]
-  o, lse = jax.lax.map(
-    lambda x: _row_forward(*x, size),
-    (q, k, v, turns),
-    batch_size=_rows_per_step(b, n, t, t),
-  )
-  o = o.astype(v.dtype)
-  return o, (q, k, v, turns, o, lse)
-
-
-def _row_attention_bwd(size, res, do):
-  q, k, v, turns, o, lse = res
-  b, t, n = q.shape[:3]
-  dq, dk, dv = jax.lax.map(
-    lambda x: _row_backward(*x, size),
-    (q, k, v, turns, o, lse, do),
-    batch_size=_rows_per_step(b, n, t, t),
-  )
-  return dq, dk, dv, None
-
-
-_row_attention.defvjp(_row_attention_fwd, _row_attention_bwd)
+# Attention at some tokens
 
 
 def at_tokens(
@@ -417,35 +302,53 @@ def at_tokens(
   v: jax.Array,
   at: jax.Array,
   window: TurnWindow | None = None,
+  prefix: Prefix | None = None,
 ) -> jax.Array:
   """Causal attention of the tokens ``at [B, G]`` (indices into ``k``,
   ``v``: ``[B, T, K, H]``; their queries ``q [B, G, N, H]``) to the
-  sequence (and by turn, ``window``): ``Transformer.hidden``'s last layer
-  with ``at``. Scores are ``[G, T]`` a sequence, in row groups that stay
-  in cache on CPU (all rows at once elsewhere), each rematerialised: a
-  backward keeps no scores. Returns ``[B, G, N, H]``."""
+  sequence (and by turn, ``window``; after ``prefix``'s keys, as
+  ``causal``'s): ``Transformer.hidden``'s last layer with ``at``. Scores
+  are ``[G, T]`` a sequence, in row groups that stay in cache on CPU (all
+  rows at once elsewhere), each rematerialised: a backward keeps no
+  scores. Returns ``[B, G, N, H]``."""
   (b, g, n), t = q.shape[:3], k.shape[1]
   turns = None if window is None else window.turns
   size = 0 if window is None else window.size
+  p = 0 if prefix is None else prefix.k.shape[1]
+  pk, pv, plen = (
+    (None,) * 3 if prefix is None else (prefix.k, prefix.v, prefix.length)
+  )
 
   @jax.checkpoint
   def one(x):
-    qr, kr, vr, ar, tr = x  # [G, N, H], [T, K, H] x2, [G], [T] | None
-    qq, kk, vv = _head_major(qr, kr, vr)
+    # [G, N, H], [T, K, H] x2, [G], [T] | None, [P, K, H] x2 | None, []
+    qr, kr, vr, ar, tr, pkr, pvr, plr = x
+    qq = blockwise.head_major(qr, kr, vr)[0]
+    kk, vv = blockwise.keys(kr, vr, pkr, pvr)
     s = jnp.einsum("KGQH,KSH->KGQS", qq, kk)
     ok = jnp.arange(t)[None, :] <= ar[:, None]
     if tr is not None:
       ok = ok & TurnWindow(tr, size).sees(tr[ar], tr)
-    p = jax.nn.softmax(jnp.where(ok, s, -jnp.inf), axis=-1)
-    o = jnp.einsum("KGQS,KSH->KGQH", p, vv)
+    if p:
+      seen = jnp.broadcast_to(jnp.arange(p) < plr, (g, p))
+      ok = jnp.concatenate([seen, ok], axis=1)
+    w = jax.nn.softmax(jnp.where(ok, s, -jnp.inf), axis=-1)
+    o = jnp.einsum("KGQS,KSH->KGQH", w, vv)
     return o.transpose(2, 0, 1, 3).reshape(qr.shape).astype(v.dtype)
 
-  group = _rows_per_step(b, n, g, t) if platform() == "cpu" else b
-  return jax.lax.map(one, (q, k, v, at, turns), batch_size=group)
+  group = blockwise.rows_per_step(b, n, g, p + t) if platform() == "cpu" else b
+  return jax.lax.map(one, (q, k, v, at, turns, pk, pv, plen), batch_size=group)
 
 
 # ---------------------------------------------------------------------------
 # Decoding against a KV cache
+
+
+# A turn's prefill attends to the cache's slots up to the furthest one in
+# use, rounded up to a block of at least ATTENTION_BLOCK: at most this many
+# prefix lengths, each a compiled branch (each costs about a tenth of a
+# rollout's compile; a half-empty cache halves the prefill's attention).
+MAX_PREFILL_LENGTHS = 2
 
 
 def cached(
@@ -596,5 +499,5 @@ def _prefill_upto(length, q, k, v, positions, hidden):
   return jax.lax.map(
     one,
     (q, k, v, positions, hidden),
-    batch_size=_rows_per_step(q.shape[0], n, t, length),
+    batch_size=blockwise.rows_per_step(q.shape[0], n, t, length),
   )

@@ -18,7 +18,6 @@ overwrite and no real token attends to).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -26,9 +25,12 @@ import jax.numpy as jnp
 import qwix
 from flax import nnx, struct
 
-from starpo_jax.models import attention, lora
+from starpo_jax.models import attention, head, lora
 from starpo_jax.models import logical as ax
 from starpo_jax.models.config import REMAT_POLICIES, ModelConfig, validate
+from starpo_jax.models.dense import dense
+from starpo_jax.models.rope import inverse_frequencies, rope
+from starpo_jax.models.shared import Shared
 
 
 @struct.dataclass
@@ -79,38 +81,6 @@ class KVCache:
     )
 
 
-def inverse_frequencies(cfg: ModelConfig) -> jax.Array:
-  """RoPE inverse frequencies ``[head_dim // 2]``, scaling applied."""
-  exponents = jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim
-  inv = 1.0 / (cfg.rope_theta**exponents)
-  s = cfg.rope_scaling
-  if s is None:
-    return inv
-  if s.kind == "linear":
-    return inv / s.factor
-  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-  high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-  wavelen = 2 * math.pi / inv
-  scaled = jnp.where(wavelen > low_wavelen, inv / s.factor, inv)
-  smooth = (
-    s.original_max_position_embeddings / wavelen - s.low_freq_factor
-  ) / (s.high_freq_factor - s.low_freq_factor)
-  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-  return jnp.where(medium, smoothed, scaled)
-
-
-def rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-  """Rotates ``x [B, T, N, H]`` by ``positions [B, T]`` (half-split layout)."""
-  angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
-  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-  cos, sin = jnp.cos(angles), jnp.sin(angles)
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  xf = x.astype(jnp.float32)
-  return (xf * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
-
-
 def _param(
   rngs: nnx.Rngs,
   init: Any,
@@ -150,42 +120,6 @@ def _weight(param: Any, dtype: Any) -> Any:
     return param
   w = param[...]
   return w if w.dtype == dtype else w.astype(dtype)
-
-
-@jax.custom_vjp
-def dense(x: jax.Array, w: jax.Array) -> jax.Array:
-  """``x @ w`` (``x`` ``[B, T, D]``, ``w`` ``[D, F]``), whose weight
-  gradient transposes the narrower of its two operands.
-
-  JAX's own rule computes the weight gradient with the output's cotangent
-  as the dot's left operand, contracted over its leading (batch and time)
-  axes; XLA:CPU then transposes that cotangent in memory, fused into the
-  elementwise work that produced it. For the MLP's gate and up
-  projections that is a ``[tokens, intermediate]`` array written with a
-  stride of the token count: on a 2-core AMD EPYC the tiny model's
-  ``32 x 768`` update spent a quarter of its time in those transposes.
-  Here the narrower operand is the one transposed: the layer's input for
-  gate and up (``D`` < ``F``), the cotangent for down.
-  """
-  return jnp.einsum("BTD,DF->BTF", x, w)
-
-
-def _dense_fwd(x, w):
-  return dense(x, w), (x, w)
-
-
-def _dense_bwd(residuals, g):
-  x, w = residuals
-  dx = jnp.einsum("BTF,DF->BTD", g, w)
-  x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-  if x2.shape[1] <= g2.shape[1]:
-    dw = jnp.einsum("nd,nf->df", x2, g2)  # x, the narrower, transposed
-  else:
-    dw = jnp.einsum("nf,nd->fd", g2, x2).T  # g transposed, then dw
-  return dx, dw.astype(w.dtype)
-
-
-dense.defvjp(_dense_fwd, _dense_bwd)
 
 
 def _take(x: jax.Array, at: jax.Array) -> jax.Array:
@@ -274,8 +208,38 @@ class Attention(nnx.Module):
       k_cache, v_cache = write(k_cache, k), write(v_cache, v)
       out = attention.cached(q, k_cache, v_cache, q_slots, hidden)
       new_cache = (k_cache, v_cache)
-    o = _weight(self.o, self.dtype)
-    return jnp.einsum("BTNH,NHD->BTD", out, o), new_cache
+    return self.output(out), new_cache
+
+  def output(self, out: jax.Array) -> jax.Array:
+    """The heads' outputs ``[B, T, N, H]`` projected back, ``[B, T, D]``."""
+    return jnp.einsum("BTNH,NHD->BTD", out, _weight(self.o, self.dtype))
+
+  def after_prefix(
+    self,
+    xp: jax.Array,  # [U, P, D]
+    xs: jax.Array,  # [B, S, D]
+    shared: Shared,
+    inv_freq: jax.Array,
+    at: jax.Array | None = None,
+  ) -> tuple[jax.Array | None, jax.Array]:
+    """Attention of each unit's prefix ``xp`` (causal) and of each row's
+    own tokens ``xs`` (after its unit's prefix): ``[U, P, D]`` and ``[B,
+    S, D]``. ``at [B, G]``: the rows' outputs at these of their own
+    tokens only, ``[B, G, D]``, and none of the prefix's."""
+    pos_p, pos_s = shared.positions()
+    keys = lambda x, pos: rope(self.project(x, "k"), pos, inv_freq)
+    kp, ks = keys(xp, pos_p), keys(xs, pos_s)
+    vp, vs = self.project(xp, "v"), self.project(xs, "v")
+    prefix = shared.attended(kp, vp)
+    if at is not None:
+      q = rope(self.project(_take(xs, at), "q"), _take(pos_s, at), inv_freq)
+      out = attention.at_tokens(q, ks, vs, at, prefix=prefix)
+      return None, self.output(out)
+    qp = rope(self.project(xp, "q"), pos_p, inv_freq)
+    qs = rope(self.project(xs, "q"), pos_s, inv_freq)
+    op = attention.causal(qp, kp, vp, self.implementation)
+    os = attention.causal(qs, ks, vs, self.implementation, prefix=prefix)
+    return self.output(op), self.output(os)
 
 
 class MLP(nnx.Module):
@@ -303,9 +267,15 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg, rngs)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, positions, inv_freq, cache, window=None, at=None):
+  def __call__(
+    self, x, positions, inv_freq, cache, window=None, at=None, shared=None
+  ):
     """``at [B, G]``: the block's output at these tokens only, ``[B, G,
-    D]`` (``Attention``)."""
+    D]`` (``Attention``). With ``shared``, ``x`` is a unit's prefix and the
+    rows' own tokens (``after_prefix``; ``positions`` unused): through
+    ``__call__``, which qwix's LoRA intercepts, not beside it."""
+    if shared is not None:
+      return self.after_prefix(*x, shared, inv_freq, at), None
     h, cache = self.attn(
       self.attn_norm(x), positions, inv_freq, cache, window, at
     )
@@ -313,6 +283,18 @@ class Block(nnx.Module):
       x = _take(x, at)
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), cache
+
+  def after_prefix(self, xp, xs, shared, inv_freq, at=None):
+    """The block over each unit's prefix ``xp [U, P, D]`` and each row's
+    own tokens ``xs [B, S, D]`` (``Attention.after_prefix``); with ``at``
+    the rows' outputs there only and no prefix (None)."""
+    hp, hs = self.attn.after_prefix(
+      self.attn_norm(xp), self.attn_norm(xs), shared, inv_freq, at
+    )
+    if at is not None:
+      xs = _take(xs, at)
+    residual = lambda x, h: x + h + self.mlp(self.mlp_norm(x + h))
+    return None if hp is None else residual(xp, hp), residual(xs, hs)
 
 
 def quantize_weights(cfg: ModelConfig, weights: dict[str, Any]) -> Any:
@@ -379,6 +361,7 @@ class Transformer(nnx.Module):
     num_new: jax.Array | None = None,
     window: attention.TurnWindow | None = None,
     at: jax.Array | None = None,
+    shared: Shared | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Final-norm hidden states ``[B, T, D]`` and the advanced cache.
 
@@ -396,12 +379,17 @@ class Transformer(nnx.Module):
         every token's keys and values but its queries, attention output
         and MLP only at ``at`` (what a log-probability or a prefill's
         next token needs: of a two-layer model, about 40% of a forward).
+      shared: the prompts the rows share (``models.shared``), each computed
+        once; uncached, without a window, and with ``at`` only (each at a
+        row's own token).
     """
     if window is not None and cache is not None:
       raise ValueError(
         "model.hidden: a cached call hides slots by cache.hidden, not by "
         "a window"
       )
+    if shared is not None:
+      return self._after_prefix(tokens, shared, at, cache, window), None
     cfg = self.cfg
     batch, t = tokens.shape
     start = jnp.zeros((batch,), jnp.int32) if cache is None else cache.length
@@ -445,6 +433,34 @@ class Transformer(nnx.Module):
     x = scan(x, jax.tree.map(lambda a: a[:-1], stacked))
     return run(x, jax.tree.map(lambda a: a[-1], stacked), at)
 
+  def _after_prefix(self, tokens, shared, at, cache=None, window=None):
+    """``hidden(tokens, at=at, shared=shared)``: each unit's prefix and
+    each row's own tokens through a scan over the layers (the last apart:
+    only the rows' tokens ``at``), ``[B, G, D]``."""
+    if cache is not None or window is not None or at is None:
+      raise ValueError(
+        "model.hidden: a shared prefix takes no cache and no window, and "
+        "needs the tokens `at` that are wanted"
+      )
+    cfg, inv_freq = self.cfg, inverse_frequencies(self.cfg)
+    embed = lambda t: self.embed[...].astype(cfg.dtype)[t]
+    xp, xs = (embed(t) for t in shared.split(tokens))
+    block_def, stacked = nnx.split(self.layers)
+
+    def run(x, layer, at=None):
+      block = nnx.merge(block_def, layer)
+      return block(x, None, inv_freq, None, at=at, shared=shared)[0]
+
+    if cfg.remat != "none":
+      run = jax.checkpoint(run, policy=REMAT_POLICIES[cfg.remat])
+    x, _ = jax.lax.scan(
+      lambda x, layer: (run(x, layer), None),
+      (xp, xs),
+      jax.tree.map(lambda a: a[:-1], stacked),
+    )
+    last = jax.tree.map(lambda a: a[-1], stacked)
+    return self.final_norm(run(x, last, shared.within(at))[1])
+
   def logits(self, h: jax.Array) -> jax.Array:
     """``[B, T, D]`` -> float32 logits ``[B, T, vocab]``."""
     if self.cfg.tie_embeddings:
@@ -453,6 +469,32 @@ class Transformer(nnx.Module):
     else:
       out = jnp.einsum("BTD,DV->BTV", h, self.lm_head[...].astype(h.dtype))
     return out.astype(jnp.float32)
+
+  def token_logprobs(
+    self,
+    h: jax.Array,
+    targets: jax.Array,
+    temperature: float,
+    allowed: jax.Array | None,
+    chunk: int,
+  ) -> tuple[jax.Array, jax.Array]:
+    """Log-probabilities of ``targets [B, G]`` and the entropies, ``[B,
+    G]`` each, of the policy at hidden states ``h [B, G, D]``
+    (``head.logprobs``: temperature, allowed tokens, ``chunk`` tokens'
+    logits at a time)."""
+    tied = self.cfg.tie_embeddings
+    w = (self.embed if tied else self.lm_head)[...]
+    b, g, d = h.shape
+    logp, entropy = head.logprobs(
+      h.reshape(b * g, d),
+      w,
+      targets.reshape(-1),
+      temperature,
+      allowed,
+      tied,
+      chunk,
+    )
+    return logp.reshape(b, g), entropy.reshape(b, g)
 
   def values(self, h: jax.Array) -> jax.Array:
     """The critic's scalar value per token, float32 ``[B, T]``."""

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from starpo_jax import sharding
-from starpo_jax.models import attention
+from starpo_jax.models import attention, blockwise
 
 
 def _qkv(length, heads, kv_heads, head_dim=16, seed=0, rows=2):
@@ -50,7 +50,7 @@ def _check(fn, q, k, v, tol):
 def test_blockwise_equals_reference(length, heads, kv_heads):
   # 16 * 128 + 40 tokens need more than MAX_CAUSAL_BLOCKS blocks of 128:
   # the block size grows instead.
-  _check(attention.blockwise, *_qkv(length, heads, kv_heads, seed=length), 2e-5)
+  _check(blockwise.attend, *_qkv(length, heads, kv_heads, seed=length), 2e-5)
 
 
 @pytest.mark.parametrize("fit, group", [(1, None), (4, 3), (6, 6)])
@@ -60,10 +60,10 @@ def test_blockwise_rows_grouped_per_iteration_equal_reference(
   # Scores for ``fit`` rows fit the budget; a group divides the six rows.
   length, heads = 24, 4
   monkeypatch.setattr(
-    attention, "ROW_GROUP_BYTES", fit * 4 * heads * length * length
+    blockwise, "ROW_GROUP_BYTES", fit * 4 * heads * length * length
   )
-  assert attention._rows_per_step(6, heads, length, length) == group
-  _check(attention.blockwise, *_qkv(length, heads, 2, seed=3, rows=6), 2e-5)
+  assert blockwise.rows_per_step(6, heads, length, length) == group
+  _check(blockwise.attend, *_qkv(length, heads, 2, seed=3, rows=6), 2e-5)
 
 
 @pytest.mark.parametrize("windowed, fit", [(False, 0), (True, 0), (True, 1)])
@@ -75,7 +75,7 @@ def test_attention_at_some_tokens_equals_the_reference_rows(
   # them. ``fit``: one row's scores fill a group (a loop of six).
   rows, length, heads, g = 6, 40, 4, 7
   if fit:
-    monkeypatch.setattr(attention, "ROW_GROUP_BYTES", 4 * heads * g * length)
+    monkeypatch.setattr(blockwise, "ROW_GROUP_BYTES", 4 * heads * g * length)
   q, k, v = _qkv(length, heads, 2, seed=11, rows=rows)
   rng = np.random.default_rng(0)
   at = np.sort(rng.integers(0, length, (rows, g)), axis=1)

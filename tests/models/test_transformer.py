@@ -27,7 +27,7 @@ def test_logits_match_transformers(hf_dir):
 
 
 def test_mlp_weight_gradients_match_transformers(qwen2_dir):
-  # The MLP's projections have their own gradient rule (transformer.dense):
+  # The MLP's projections have their own gradient rule (models/dense.py):
   # gate and up (64 -> 96) transpose their input, down (96 -> 64) its
   # output's cotangent. torch's autograd is the reference.
   tokens = random_tokens((2, 24), seed=7)

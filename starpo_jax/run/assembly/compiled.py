@@ -107,6 +107,8 @@ def compile_sft_step(setup: Setup, state: TrainState, learner: Learner):
       setup.tokenizer, setup.env, setup.config.rollout.enable_think
     ),
     logits_chunk=setup.config.algo.logits_chunk,
+    share_prefix=setup.config.algo.share_prefix,
+    length_buckets=setup.config.algo.length_buckets,
   )
   step = sft.make_sft_step(spec, setup.codec, setup.mesh)
   return _jit_step(step, state, setup.mesh)
