@@ -35,11 +35,18 @@ Suites:
              backward, AdamW) on a minibatch of the training shape.
   iteration  whole StarPO iterations/s (new levels, rollout, update)
              against ``benchmarks/torch_baseline``.
+  attention  causal attention at the update's minibatch shape, forward and
+             forward with backward, against PyTorch's
+             ``scaled_dot_product_attention`` (``benchmarks/kernels.py``).
+  head       the loss head (log-probabilities and entropies of the
+             generated tokens over the vocabulary), forward and backward,
+             against the PyTorch loop's ``log_softmax``.
   peers      the iteration beside Tunix's agentic GRPO learner, in Tunix's
              own environment (``benchmarks/peers/tunix``; not in "all").
 
 For each JAX row also: compile time of the first call, peak resident host
-memory while the row ran, and the share of this machine's roofline reached
+memory while the row ran (and the baseline's, in its own process), and
+the share of this machine's roofline reached
 (model FLOPs and bytes counted from the config, matrix-multiply FLOP/s and
 memory bandwidth measured in the same run). ``--savings`` with several
 settings builds every one of them in the JAX process and times them taking
@@ -67,7 +74,7 @@ from benchmarks import common
 from benchmarks.suites import SIDES, env_suite, row, update_workload
 from benchmarks.workload import SIZES, Pair, roofline, timed_together
 
-SUITES = ("env", "rollout", "update", "iteration")
+SUITES = ("env", "rollout", "update", "iteration", "attention", "head")
 # The rollout's savings (``RolloutConfig``), measured against each other in
 # one run with ``--savings``: the defaults; all of them off; one of them
 # off (unshared: the prompt prefilled by every episode; sliced: layers
@@ -103,7 +110,9 @@ def merge(
   measurement with other savings than the defaults also beside the
   defaults' (``SAVINGS``), its workload named with them."""
   rows = [r for r in jax_rows if r["suite"] == "env"]
-  baselines = {(b["suite"], b["workload"]): b["rates"] for b in torch_rows}
+  baselines: dict[tuple[str, str], list[dict[str, Any]]] = {}
+  for b in torch_rows:
+    baselines.setdefault((b["suite"], b["workload"]), []).append(b)
   halves = [r for r in jax_rows if r["suite"] != "env"]
   if {(h["suite"], h["workload"]) for h in halves} != set(baselines):
     raise RuntimeError(
@@ -120,7 +129,7 @@ def merge(
     savings = half.get("savings", "on")
     rates = list(baselines[key])
     if savings != "on" and key in defaults:
-      rates.append(("starpo-jax, savings on", defaults[key]))
+      rates.append(dict(label="starpo-jax, savings on", value=defaults[key]))
     extra = {
       k: v
       for k, v in half.items()
@@ -129,16 +138,18 @@ def merge(
     workload = half["workload"]
     if savings != "on":
       workload += f", savings {savings}"
-    for label, value in rates:
+    for rate in rates:
+      peak = {"torch_peak_gib": rate["peak_gib"]} if "peak_gib" in rate else {}
       rows.append(
         row(
           half["suite"],
           workload,
           half["metric"],
           half["jax"],
-          label,
-          value,
+          rate["label"],
+          rate["value"],
           **extra,
+          **peak,
         )
       )
   return rows
@@ -197,18 +208,26 @@ def _measure(args, suite: str, side: str, pairs: dict[str, Pair], peak):
   if side == "jax":
     for pair in pairs.values():
       pair.init_jax()
-    measured = {s: jax_fn(p, peak) for s, p in pairs.items()}
-    timings = timed_together([m.run for m in measured.values()], args.repeats)
+    # A suite may measure several things per pair (the kernels' passes).
+    measured = [
+      (saved, m) for saved, p in pairs.items() for m in _listed(jax_fn(p, peak))
+    ]
+    timings = timed_together([m.run for _, m in measured], args.repeats)
     return [
       dict(m.row(t), savings=saved)
-      for (saved, m), t in zip(measured.items(), timings, strict=True)
+      for (saved, m), t in zip(measured, timings, strict=True)
     ]
   (pair,) = pairs.values()
   pair.init_torch(args.torch_device)
   workload = update_workload(pair) if suite == "update" else pair.describe()
   return [
-    dict(suite=suite, workload=workload, rates=torch_fn(pair, args.repeats))
+    dict(r, suite=suite, workload=r["workload"] or workload)
+    for r in torch_fn(pair, args.repeats)
   ]
+
+
+def _listed(x: Any) -> list[Any]:
+  return x if isinstance(x, list) else [x]
 
 
 # ----------------------------------------------------------------------------
@@ -224,6 +243,7 @@ HEADER = [
   "ratio",
   "JAX compile s",
   "JAX peak RSS GiB",
+  "baseline peak RSS GiB",
   "% matmul peak",
   "% bandwidth",
 ]
@@ -244,6 +264,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         f"{r['ratio']:.2f}x",
         f"{r['compile_s']:.1f}",
         f"{r['peak_gib']:.2f}",
+        f"{r['torch_peak_gib']:.2f}" if "torch_peak_gib" in r else "-",
         pct(r, "flops_frac"),
         pct(r, "bandwidth_frac"),
       ]

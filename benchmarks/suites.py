@@ -14,12 +14,13 @@ import numpy as np
 import optax
 from flax import nnx
 
+from benchmarks import kernels
 from benchmarks.workload import (
   Pair,
   PeakMemory,
   Timing,
   forward_flops,
-  timed,
+  timed_together,
 )
 from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.algo import batch as batch_lib
@@ -155,18 +156,26 @@ def _rollout_row(pair: Pair, peak, traj, t: Timing) -> dict[str, Any]:
   )
 
 
-def rollout_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
+def torch_rate(label: str, value: float, t: Timing, workload: str = ""):
+  """A PyTorch baseline's figure, its process's peak memory while it ran
+  (GiB), and the workload it ran (empty: the pair's)."""
+  return dict(workload=workload, label=label, value=value, peak_gib=t.peak_gib)
+
+
+def rollout_torch(pair: Pair, repeats: int) -> list[dict[str, Any]]:
   rates = []
   for kind, label, compile in rollout_baselines(pair):
     loop = pair.torch_loop(kind, compile)
     counts = []
-    _, t_seconds, _ = timed(
-      lambda loop=loop, counts=counts: counts.append(
-        loop.rollout().generated_tokens
-      ),
+    (t,) = timed_together(
+      [
+        lambda loop=loop, counts=counts: counts.append(
+          loop.rollout().generated_tokens
+        )
+      ],
       repeats,
     )
-    rates.append((label, float(np.mean(counts[1:])) / t_seconds))
+    rates.append(torch_rate(label, float(np.mean(counts[1:])) / t.seconds, t))
   return rates
 
 
@@ -309,13 +318,15 @@ def update_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
   )
   pick = {k: v.to(dev) for k, v in pick.items()}
   pair.torch_model.train()
-  _, t_seconds, _ = timed(
-    lambda: tb.minibatch_step(
-      pair.torch_model, opt, pick, pair.torch_cfg, t_allowed
-    ),
+  (t,) = timed_together(
+    [
+      lambda: tb.minibatch_step(
+        pair.torch_model, opt, pick, pair.torch_cfg, t_allowed
+      )
+    ],
     repeats,
   )
-  return [(UPDATE_BASELINE, mb * length / t_seconds)]
+  return [torch_rate(UPDATE_BASELINE, mb * length / t.seconds, t)]
 
 
 ITERATION_BASELINES = (
@@ -349,15 +360,15 @@ def iteration_jax(pair: Pair, peak) -> Measured:
   return Measured(run, finish)
 
 
-def iteration_torch(pair: Pair, repeats: int) -> list[tuple[str, float]]:
+def iteration_torch(pair: Pair, repeats: int) -> list[dict[str, Any]]:
   rates = []
   # Uncompiled: torch.compile made a CPU's decoding slower (the rollout
   # rows).
   for kind, label in ITERATION_BASELINES:
     loop = pair.torch_loop(kind)
-    _, t_seconds, _ = timed(loop.iteration, repeats)
+    (t,) = timed_together([loop.iteration], repeats)
     del loop  # its optimizer state
-    rates.append((label, 1 / t_seconds))
+    rates.append(torch_rate(label, 1 / t.seconds, t))
   return rates
 
 
@@ -365,4 +376,6 @@ SIDES = {
   "rollout": (rollout_jax, rollout_torch),
   "update": (update_jax, update_torch),
   "iteration": (iteration_jax, iteration_torch),
+  "attention": (kernels.jax_side("attention"), kernels.torch_side("attention")),
+  "head": (kernels.jax_side("head"), kernels.torch_side("head")),
 }

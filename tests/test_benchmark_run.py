@@ -68,19 +68,25 @@ def test_unknown_suite_is_named(capsys):
 def test_merge_pairs_each_measurement_with_its_own_workloads_baselines():
   half = dict(suite="update", workload="tiny, minibatch 2", metric="t/s")
   jax_rows = [dict(half, jax=30.0, compile_s=1.0, peak_gib=0.5)]
+  rate = lambda workload, label, value, peak: dict(
+    suite="update", workload=workload, label=label, value=value, peak_gib=peak
+  )
   rows = run.merge(
     jax_rows,
     [
-      dict(
-        suite="update",
-        workload="tiny, minibatch 2",
-        rates=[("a", 10.0), ("b", 60.0)],
-      )
+      rate("tiny, minibatch 2", "a", 10.0, 0.25),
+      rate("tiny, minibatch 2", "b", 60.0, 2.0),
     ],
   )
   assert [(r["baseline"], r["ratio"]) for r in rows] == [("a", 3.0), ("b", 0.5)]
+  # Each baseline's own peak memory beside the JAX side's.
+  assert [(r["peak_gib"], r["torch_peak_gib"]) for r in rows] == [
+    (0.5, 0.25),
+    (0.5, 2.0),
+  ]
+  assert "| 0.50 | 0.25 |" in run.table(rows)
   with pytest.raises(RuntimeError, match="different workloads"):
-    run.merge(jax_rows, [dict(suite="update", workload="0.5b", rates=[])])
+    run.merge(jax_rows, [rate("0.5b", "a", 1.0, 1.0)])
 
 
 def test_savings_are_measured_beside_the_baselines_and_the_defaults():
@@ -89,7 +95,9 @@ def test_savings_are_measured_beside_the_baselines_and_the_defaults():
     dict(half, jax=20.0, compile_s=1.0, peak_gib=0.5, savings="on"),
     dict(half, jax=10.0, compile_s=1.0, peak_gib=0.5, savings="off"),
   ]
-  torch_rows = [dict(suite="rollout", workload="135m", rates=[("a", 5.0)])]
+  torch_rows = [
+    dict(suite="rollout", workload="135m", label="a", value=5.0, peak_gib=1.0)
+  ]
   rows = run.merge(jax_rows, torch_rows)
   got = [(r["workload"], r["baseline"], r["ratio"]) for r in rows]
   assert got == [

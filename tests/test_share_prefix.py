@@ -187,10 +187,18 @@ def test_only_a_full_context_and_groups_share():
   model = transformer.create(cfg)
   setup = played("grpo")[0]
   args = (model, setup.codec, setup.config.rollout)
-  assert prefix_lib.plan("auto", *args, unit=3, buckets=2) is not None
+  # The tiny model shares when asked to, not by default.
+  assert prefix_lib.plan("on", *args, unit=3, buckets=2) is not None
+  assert prefix_lib.plan("auto", *args, unit=3, buckets=2) is None
   assert prefix_lib.plan("off", *args, unit=3, buckets=2) is None
-  assert prefix_lib.plan("auto", *args, unit=1, buckets=2) is None
-  assert prefix_lib.plan("auto", *args, unit=3, buckets=2, window=2) is None
+  big = cfg.replace(hidden_size=1024, intermediate_size=4096, num_layers=1)
+  big = transformer.create(big)
+  assert big.cfg.num_params() >= prefix_lib.AUTO_MIN_PARAMS
+  assert prefix_lib.plan("auto", big, *args[1:], unit=3, buckets=2)
+  assert prefix_lib.plan("auto", big, *args[1:], unit=1, buckets=2) is None
+  assert (
+    prefix_lib.plan("auto", big, *args[1:], unit=3, buckets=2, window=2) is None
+  )
   with pytest.raises(ValueError, match=r"share_prefix='on'.*group_size 1"):
     prefix_lib.plan("on", *args, unit=1, buckets=2)
   with pytest.raises(ValueError, match=r"share_prefix='on'.*context window"):

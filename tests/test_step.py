@@ -139,10 +139,11 @@ def _scramble(batch: batch_lib.Batch, rows: np.ndarray, seed: int):
   rng = np.random.default_rng(seed)
   noisy = {}
   for field in dataclasses.fields(batch):
-    x = np.array(getattr(batch, field.name))
-    if field.name == "mask":
+    x = getattr(batch, field.name)
+    if field.name == "mask" or x is None:  # None: no shared prefixes
       noisy[field.name] = x
       continue
+    x = np.array(x)
     if field.name == "tokens":
       noise = rng.integers(0, 200, x.shape)
     elif field.name == "positions":

@@ -54,10 +54,11 @@ class AlgoConfig:
   # Passes over a batch (scoring, the update, the warm start) compute the
   # prompt a group's episodes share once per group (algo/prefix.py), each
   # episode's own tokens at the shortest of length_buckets suffix lengths
-  # (+1) that holds them. "auto": wherever the attention kernel takes a
-  # shared prefix (the CPU's, a float32 GPU's; not cuDNN's or splash) and
-  # the whole context is seen; "on": the same, refused where it cannot;
-  # "off": every episode whole.
+  # (+1) that holds them. "auto": for models of 10M parameters or more
+  # (the tiny model's step measured level), wherever the attention kernel
+  # takes a shared prefix (the CPU's, a float32 GPU's; not cuDNN's or
+  # splash) and the whole context is seen; "on": at any size, refused
+  # where it cannot; "off": every episode whole.
   share_prefix: Literal["auto", "on", "off"] = "auto"
 
   def __post_init__(self) -> None:
