@@ -75,6 +75,7 @@ from benchmarks.suites import SIDES, env_suite, row, update_workload
 from benchmarks.workload import SIZES, Pair, roofline, timed_together
 
 SUITES = ("env", "rollout", "update", "iteration", "attention", "head")
+KERNEL_SUITES = ("attention", "head")
 # The rollout's savings (``RolloutConfig``), measured against each other in
 # one run with ``--savings``: the defaults; all of them off; one of them
 # off (unshared: the prompt prefilled by every episode; sliced: layers
@@ -205,9 +206,13 @@ def _measure(args, suite: str, side: str, pairs: dict[str, Pair], peak):
   ``pairs``, all alive at once and timed taking turns; on the PyTorch
   side (one pair) its baselines."""
   jax_fn, torch_fn = SIDES[suite]
+  # The kernels' suites run on random inputs of the model's shapes: no
+  # train state or model on either side.
+  whole = suite not in KERNEL_SUITES
   if side == "jax":
     for pair in pairs.values():
-      pair.init_jax()
+      if whole:
+        pair.init_jax()
     # A suite may measure several things per pair (the kernels' passes).
     measured = [
       (saved, m) for saved, p in pairs.items() for m in _listed(jax_fn(p, peak))
@@ -218,7 +223,8 @@ def _measure(args, suite: str, side: str, pairs: dict[str, Pair], peak):
       for (saved, m), t in zip(measured, timings, strict=True)
     ]
   (pair,) = pairs.values()
-  pair.init_torch(args.torch_device)
+  if whole:
+    pair.init_torch(args.torch_device)
   workload = update_workload(pair) if suite == "update" else pair.describe()
   return [
     dict(r, suite=suite, workload=r["workload"] or workload)

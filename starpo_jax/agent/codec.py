@@ -238,6 +238,19 @@ class Codec:
     tool's result where it has tools."""
     return self.max_obs_tokens + (self.tools.budget if self.tools else 0)
 
+  def first_head(self, max_turns: int) -> int:
+    """Tokens the first turn's prompt holds before its observation, the
+    same in every episode."""
+    f = self.fragments
+    if self.settings.compact:
+      return len(f.user_start)
+    return (
+      len(f.user_start)
+      + len(f.turn_head)
+      + len(str(max_turns))
+      + len(f.state_head)
+    )
+
   def turn_chunk_size(self, max_turns: int, max_actions: int) -> int:
     """Tokens a ``turn_chunk`` can hold: every segment at its longest."""
     f = self.fragments

@@ -43,6 +43,11 @@ SUFFIX_MULTIPLE = 64
 # (1.07 s and 1.04 s a step, 2-core AMD EPYC), with a 10 s longer compile.
 AUTO_MIN_PARAMS = 10_000_000
 
+# Rows of different levels share the system prompt and the first prompt's
+# head, and may share this many tokens of their observations (a grid's
+# first row of walls).
+LEVELS_SLACK = 16
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -108,13 +113,17 @@ def plan(
   unit: int,
   buckets: int,
   window: int = 0,
+  levels: bool = False,
 ) -> Plan | None:
   """The passes' ``Plan`` for ``setting`` (None: plain passes; "auto":
   for models of ``AUTO_MIN_PARAMS`` or more): with units of ``unit``
   rows, for ``model`` (a ``Transformer``: its attention kernel must take
   a prefix), episodes of ``rollout`` rendered by ``codec``, ``buckets``
   suffix lengths, and a context ``window`` (turns; 0: all, the only one
-  that shares).
+  that shares). ``levels``: a unit's rows play different levels (the warm
+  start's), so they share at most the system prompt, the first prompt's
+  head and a few tokens of its observation; else they are a group's, and
+  share the whole first prompt.
 
   Raises:
     ValueError: ``setting="on"`` where sharing cannot work.
@@ -128,11 +137,18 @@ def plan(
     if setting == "on":
       raise ValueError(f"algo: share_prefix='on', but {why}")
     return None
-  first = mixture.needed(codec, rollout, 1) - rollout.max_new_tokens
   episode = min(
     rollout.max_context, mixture.needed(codec, rollout, rollout.max_turns)
   )
-  system = min(len(c.fragments.system) for c in mixture.part_codecs(codec))
+  parts = mixture.part_codecs(codec)
+  system = min(len(c.fragments.system) for c in parts)
+  if levels:
+    first = max(
+      len(c.fragments.system) + c.first_head(rollout.max_turns) for c in parts
+    )
+    first += LEVELS_SLACK
+  else:
+    first = mixture.needed(codec, rollout, 1) - rollout.max_new_tokens
   suffixes = suffix_lengths(episode - system, episode, buckets)
   return Plan(unit, min(first, episode), suffixes)
 

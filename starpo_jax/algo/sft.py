@@ -496,6 +496,7 @@ def _plan(spec, state, codec, cfg, rows: int) -> prefix_lib.Plan | None:
     rows,
     spec.length_buckets,
     Distribution.of(cfg, codec).window,
+    levels=True,
   )
 
 

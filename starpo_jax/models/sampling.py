@@ -73,7 +73,7 @@ def sample(
   """
   logp = policy_logprobs(logits, sampling.temperature, allowed)
   if sampling.temperature == 0:
-    tokens = jnp.argmax(logp, axis=-1)
+    tokens = first_max(logp)
   else:
     masked = logp
     if sampling.top_k:
@@ -94,11 +94,27 @@ def sample(
       )
       masked = jnp.where(drop, -jnp.inf, masked)
     if key.ndim:
-      tokens = jax.vmap(jax.random.categorical)(key, masked)
+      tokens = jax.vmap(categorical)(key, masked)
     else:
-      tokens = jax.random.categorical(key, masked, axis=-1)
+      tokens = categorical(key, masked)
   tokens = tokens.astype(jnp.int32)
   return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+
+
+def first_max(x: jax.Array) -> jax.Array:
+  """``jnp.argmax(x, axis=-1)`` (the first of equal maxima) as two plain
+  reductions: XLA:CPU's fused argmax over a 49,152-token vocabulary took
+  8 ms a decode step for 8 rows, a twentieth of the step."""
+  top = jnp.max(x, axis=-1, keepdims=True)
+  index = jnp.arange(x.shape[-1], dtype=jnp.int32)
+  return jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)
+
+
+def categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
+  """``jax.random.categorical(key, logits, axis=-1)``, the same draw (the
+  Gumbel-max trick with the same noise), its argmax by ``first_max``."""
+  noise = jax.random.gumbel(key, logits.shape, logits.dtype)
+  return first_max(noise + logits)
 
 
 @struct.dataclass
