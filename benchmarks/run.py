@@ -11,8 +11,9 @@
     --model qwen2.5-0.5b --size ragen          # a GPU, bfloat16 on both sides
 
 Every row runs starpo-jax and a PyTorch baseline on the same workload,
-each framework in its own process (JAX's allocator takes most of a GPU's
-memory at start; one process would starve the other), after a warm-up
+each framework in its own process for each suite (JAX's allocator takes
+most of a GPU's memory at start, so one process would starve the other;
+and an allocator keeps what an earlier suite freed), after a warm-up
 call, with the same number of threads (all cores), and gives both figures
 and their ratio. Models have random weights: the JAX side writes its
 policy with ``starpo_jax.models.hf.save`` and the PyTorch side loads it
@@ -503,12 +504,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _both_sides(args) -> dict[str, Any]:
-  """Both frameworks' rows, each side in its own process, merged."""
-  with tempfile.TemporaryDirectory() as workdir:
-    # JAX first: it writes the weights the PyTorch side loads.
-    jax_side = _child(args, "jax", workdir)
-    torch_side = _child(args, "torch", workdir)
-  peak = jax_side["peak"]
+  """Both frameworks' rows, each suite's side in its own process (a peak
+  RSS is its suite's alone: an allocator keeps what an earlier suite
+  freed), merged."""
+  sides = []
+  for suite in args.suites:
+    one = argparse.Namespace(**{**vars(args), "suites": (suite,)})
+    with tempfile.TemporaryDirectory() as workdir:
+      # JAX first: it writes the weights the PyTorch side loads.
+      jax_side = _child(one, "jax", workdir)
+      # The env suite's baselines run in the JAX side's process.
+      if suite != "env":
+        sides.append((jax_side, _child(one, "torch", workdir)))
+      else:
+        sides.append((jax_side, {"rows": []}))
+  torched = [t for _, t in sides if "pid" in t]
+  peak = sides[0][0]["peak"]
   print(
     f"measured peaks: {peak['matmul_flops'] / 1e9:.0f} GFLOP/s "
     f"{args.dtype} matmul, {peak['bandwidth'] / 1e9:.1f} GB/s read",
@@ -517,14 +528,14 @@ def _both_sides(args) -> dict[str, Any]:
   return dict(
     # Each framework ran in its own process (and neither in this one).
     pids={
-      "jax": jax_side["pid"],
-      "torch": torch_side["pid"],
+      "jax": [j["pid"] for j, _ in sides],
+      "torch": [t["pid"] for t in torched],
       "parent": os.getpid(),
     },
-    torch_threads=torch_side["torch_threads"],
-    torch_device=torch_side["torch_device"],
+    torch_threads=torched[0]["torch_threads"] if torched else None,
+    torch_device=torched[0]["torch_device"] if torched else None,
     peak=peak,
-    rows=merge(jax_side["rows"], torch_side["rows"]),
+    rows=[r for j, t in sides for r in merge(j["rows"], t["rows"])],
   )
 
 
