@@ -191,6 +191,12 @@ def _host_bridge(data: dict[str, Any], part: str = "iterations") -> str:
   raise TypeError(f"part={part!r}; expected iterations or round_trip")
 
 
+def _warm_start(data: dict[str, Any]) -> str:
+  from benchmarks import warm_start
+
+  return warm_start.table(data)
+
+
 RENDERERS: dict[str, Callable[..., str]] = {
   "study": _study,
   "envs": _envs,
@@ -211,6 +217,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
   "op_profile": _op_profile,
   "loop_phases": _loop_phases,
   "matmul": _matmul,
+  "warm_start": _warm_start,
 }
 
 

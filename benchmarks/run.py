@@ -81,7 +81,9 @@ KERNEL_SUITES = ("attention", "head")
 # one run with ``--savings``: the defaults; all of them off; one of them
 # off (unshared: the prompt prefilled by every episode; sliced: layers
 # sliced from the stacked weights at every call); the defaults with the
-# decode batch halving once to its live rows.
+# decode batch halving once to its live rows. And the training passes'
+# (``algo.share_prefix``): whole, every episode's prompt computed in
+# every pass.
 SAVINGS = {
   "on": {},
   "off": {
@@ -92,6 +94,7 @@ SAVINGS = {
   "unshared": {"rollout.share_prefix": False},
   "sliced": {"rollout.layer_buffers": "off"},
   "shrink": {"rollout.decode_shrinks": 1},
+  "whole": {"algo.share_prefix": "off"},
 }
 SAVED_SUITES = ("rollout", "iteration")
 ITERATION_ALGOS = ("grpo", "starpo_s")

@@ -93,19 +93,59 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
           print(f"round {r + 1} {side}: {runs[side][-1]}", file=sys.stderr)
     finally:
       _git("worktree", "remove", "--force", tree, cwd=here)
-  median = lambda side: statistics.median(
-    t for run in runs[side] for t in run["times"]
-  )
   return dict(
     config=args.config,
     arg=args.arg,
     overrides=args.set,
     against=against,
+    **summary(runs),
+    machine=common.machine(),
+  )
+
+
+def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+  """Each tree's median step over all its processes' timed calls, and
+  how much faster this tree's is."""
+  median = lambda side: statistics.median(
+    t for run in runs[side] for t in run["times"]
+  )
+  return dict(
     runs=runs,
     seconds={side: median(side) for side in runs},
     speedup=median("against") / median("this"),
-    machine=common.machine(),
   )
+
+
+def table(result: dict[str, Any]) -> str:
+  """The two trees' warm-start steps as a Markdown table: the step's
+  median seconds, the first call's (compile included), the peak RSS, the
+  first loss (the same examples on both sides)."""
+  runs = result["runs"]
+  calls = sum(len(run["times"]) for run in runs["this"])
+  rows = [
+    (
+      f"step, s (median of {calls} calls)",
+      lambda side: f"{result['seconds'][side]:.2f}",
+    ),
+    (
+      "first call (compile), s",
+      lambda side: f"{statistics.median(r['first'] for r in runs[side]):.1f}",
+    ),
+    (
+      "peak RSS, GiB",
+      lambda side: f"{max(r['peak_gib'] for r in runs[side]):.2f}",
+    ),
+    ("first loss", lambda side: f"{runs[side][0]['loss']:.4f}"),
+  ]
+  lines = [
+    "| | the earlier commit | this checkout |",
+    "|---|---|---|",
+    *(
+      f"| {name} | {cell('against')} | {cell('this')} |" for name, cell in rows
+    ),
+    f"| speedup | | {result['speedup']:.2f}x |",
+  ]
+  return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -124,6 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--json", default="")
   args = parser.parse_args(argv)
   result = measure(args)
+  print(table(result))
   print(
     f"warm-start step: {result['seconds']['this']:.2f} s here, "
     f"{result['seconds']['against']:.2f} s at {result['against'][:12]}: "
