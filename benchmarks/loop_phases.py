@@ -6,6 +6,7 @@ iteration suite's, ``benchmarks.workload``), each side in its own process.
   python -m benchmarks.loop_phases --algo starpo_s \\
     --json docs/bench_loop_phases_starpo_s.json
   python -m benchmarks.loop_phases --smoke          # CI
+  python -m benchmarks.loop_phases --model smollm2-135m --algo starpo_s
 
 JAX: each phase jitted alone and timed as ``benchmarks.phases`` times it
 (collect; score, select and advantages in one jit; update) and the whole
@@ -53,7 +54,7 @@ def _pair(args: argparse.Namespace):
   from benchmarks import workload
 
   size = "smoke" if args.smoke else "cpu"
-  return workload.Pair("tiny", size, args.workdir, algo=args.algo)
+  return workload.Pair(args.model, size, args.workdir, algo=args.algo)
 
 
 def jax_side(args: argparse.Namespace) -> dict[str, Any]:
@@ -130,9 +131,14 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+  from benchmarks.run import MODELS
+
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument(
     "--algo", default="grpo", choices=("grpo", "starpo_s"), help="preset"
+  )
+  parser.add_argument(
+    "--model", default="tiny", choices=MODELS, help="the iteration suite's"
   )
   parser.add_argument("--smoke", action="store_true", help="smallest size")
   parser.add_argument("--repeats", type=int, default=3)
@@ -152,6 +158,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
       print(f"{side} ...", file=sys.stderr, flush=True)
       command = [sys.executable, "-m", "benchmarks.loop_phases"]
       command += ["--side", side, "--workdir", workdir, "--algo", args.algo]
+      command += ["--model", args.model]
       command += ["--repeats", str(args.repeats)]
       command += ["--smoke"] if args.smoke else []
       env = op_profile.traced_env() if side == "jax" else dict(os.environ)
@@ -162,6 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
   print(f"{result['jax']['workload']}, {args.repeats} repeats")
   print(table(result))
   result.update(
+    model=args.model,
     algo=args.algo,
     smoke=args.smoke,
     repeats=args.repeats,
