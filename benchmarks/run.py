@@ -2,11 +2,13 @@
 
   python -m benchmarks.run --suite all            # tiny, ~8 min on 2 cores
   python -m benchmarks.run --suite iteration --model qwen2.5-0.5b
-  python -m benchmarks.run --suite rollout,update,iteration \
+  python -m benchmarks.run --suite rollout,update,iteration,attention,head \
     --model smollm2-135m                       # real weights, think mode
   python -m benchmarks.run --suite all --smoke --json out.json   # CI smoke
   python -m benchmarks.run --suite rollout,iteration \
     --model smollm2-135m --savings on,off,unshared,sliced,shrink
+  python -m benchmarks.run --suite iteration --model smollm2-135m \
+    --savings on,whole                         # training's shared prompts
   python -m benchmarks.run --suite rollout,update,iteration \
     --model qwen2.5-0.5b --size ragen          # a GPU, bfloat16 on both sides
 

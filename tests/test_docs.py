@@ -161,7 +161,7 @@ FIGURE = re.compile(
 )
 
 
-TARGET = re.compile(r">=\s*\d+(?:\.\d+)?x")
+TARGET = re.compile(r"[<>]=\s*\d+(?:\.\d+)?x")
 
 
 def hand_typed_figures(text: str) -> list[str]:
@@ -173,7 +173,7 @@ def hand_typed_figures(text: str) -> list[str]:
       rendered = True
     elif line.startswith("<!-- /table"):
       rendered = False
-    # A target (">= 1.5x") is not a measurement.
+    # A target (">= 1.5x", "<= 1.5x") is not a measurement.
     elif (
       line.startswith("|")
       and not rendered
