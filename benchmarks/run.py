@@ -218,7 +218,7 @@ def _measure(args, suite: str, side: str, pairs: dict[str, Pair], peak):
   if side == "jax":
     for pair in pairs.values():
       if whole:
-        pair.init_jax()
+        pair.init_jax(train=suite != "rollout")
     # A suite may measure several things per pair (the kernels' passes).
     measured = [
       (saved, m) for saved, p in pairs.items() for m in _listed(jax_fn(p, peak))

@@ -183,6 +183,9 @@ def workload(
   c.algo.adv_estimator = "grpo"
   c.algo.kl_coef = 0.0
   c.train.eval_every = 0
+  # No suite runs the warm start (benchmarks.warm_start times it): its
+  # think-mode reference copy would sit in every row's memory for nothing.
+  c.sft.steps = 0
   # What the PyTorch loop implements (and the README's tables measured):
   # RAGEN's prompt and the token-mean loss, whatever the training configs
   # choose for the tiny model.
@@ -306,9 +309,15 @@ class Pair:
     self.state = None
     self.torch_model = None
 
-  def init_jax(self) -> None:
-    """The JAX train state; its policy's weights written for PyTorch."""
+  def init_jax(self, train: bool = True) -> None:
+    """The JAX train state; its policy's weights written for PyTorch.
+    ``train=False`` keeps the policy alone (a rollout's row holds what
+    PyTorch's rollout holds: the model, no optimizer state)."""
     self.state = assembly.init_state(self.setup, self.learner)
+    if not train:
+      self.state = self.state.replace(
+        policy_opt=None, critic=None, critic_opt=None, reference=None
+      )
     if self.model_file is None and not os.path.exists(self.model_dir):
       hf.save(nnx.merge(self.policy_def, self.state.policy), self.model_dir)
 

@@ -148,3 +148,15 @@ def test_timed_together_takes_turns_and_flags_only_the_recompiler():
   assert not a.recompiled and b.recompiled
   for t in (a, b):
     assert t.first > 0 and t.seconds > 0 and t.peak_gib > 0
+
+
+def test_rows_hold_only_what_their_pytorch_side_holds(tmp_path):
+  # No suite runs the warm start: no think-mode reference copy in a row.
+  assert workload.workload("smollm2-135m", "cpu", "").sft.steps == 0
+  pair = workload.Pair("tiny", "smoke", str(tmp_path))
+  pair.init_jax(train=False)
+  held = pair.state
+  assert held.policy is not None
+  assert (held.policy_opt, held.critic_opt, held.reference) == (None,) * 3
+  pair.init_jax()
+  assert pair.state.policy_opt is not None
