@@ -37,7 +37,8 @@ def parse_arg(arg: str | None, **defaults: Any) -> dict[str, Any]:
     key, value = item.split("=", 1)
     if key not in known:
       raise ValueError(
-        f"unknown config argument {key!r}; known: {sorted(known)}"
+        f"unknown config argument {key!r}{settings.nearest(key, known)}; "
+        f"known: {sorted(known)}"
       )
     out[key] = value
   return out
@@ -138,7 +139,9 @@ def apply_presets(c: ml_collections.ConfigDict, args: dict[str, Any]) -> None:
   model, algo = args["model"], args["algo"]
   if algo not in presets.ALGORITHMS:
     raise ValueError(
-      f"unknown algo preset {algo!r}; known: {tuple(presets.ALGORITHMS)}"
+      f"unknown algo preset {algo!r}"
+      f"{settings.nearest(algo, presets.ALGORITHMS)}; "
+      f"known: {tuple(presets.ALGORITHMS)}"
     )
   presets.apply(c, algo, model)
   if (model == "tiny" and algo in ("starpo_s", "starpo_s2")) or (

@@ -16,6 +16,7 @@ the tools an agent may call before it answers.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from envs.batch import BatchEnv, Turn, batched
@@ -60,8 +61,10 @@ def make(name: str, **kwargs: Any) -> Env | HostSpec:
     ValueError: for an unknown name or argument, or a bad setting.
   """
   if name not in REGISTRY:
+    close = difflib.get_close_matches(name, list(REGISTRY), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ValueError(
-      f"unknown environment {name!r}; registered: {sorted(REGISTRY)}"
+      f"unknown environment {name!r}{hint}; registered: {sorted(REGISTRY)}"
     )
   cls, preset = REGISTRY[name]
   check_kwargs(name, cls, kwargs)

@@ -14,11 +14,19 @@ naming settings the section does not have.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+
+def nearest(name: str, known: Iterable[str]) -> str:
+  """``" (did you mean 'X'?)"`` for the known name closest to a
+  mistyped ``name``, or ``""`` when none is close."""
+  close = difflib.get_close_matches(name, list(known), n=1)
+  return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def choices(cls: type, name: str) -> tuple[Any, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import types
 
 import jax
@@ -148,21 +149,45 @@ def test_transcripts_replay_in_the_plain_python_rules(run_dir, evaluated):
   assert acted > 0 and cut > 0, (acted, cut)
 
 
-def test_bad_requests_are_named(tmp_path, run_dir):
-  with pytest.raises(SystemExit, match="--config alone"):
-    evaluate_cli.main(["evaluate"])
-  with pytest.raises(SystemExit, match="not both"):
-    evaluate_cli.main(["evaluate", f"--workdir={run_dir}", f"--ckpt={run_dir}"])
-  with pytest.raises(SystemExit, match=r"config\.json.*does not exist"):
-    evaluate_cli.main(["evaluate", f"--workdir={tmp_path}"])
-  with pytest.raises(SystemExit, match="--ckpt needs --config"):
-    evaluate_cli.main(["evaluate", f"--ckpt={run_dir}"])
-  with pytest.raises(SystemExit, match=r"no checkpoint at step 4.*\[3, 6\]"):
-    evaluate_cli.main(["evaluate", f"--workdir={run_dir}", "--step=4"])
-  with pytest.raises(SystemExit, match="not numbers"):
-    evaluate_cli.main(
-      ["evaluate", f"--workdir={run_dir}", "--temperatures=hot"]
-    )
+def refused(capsys, argv, pattern):
+  """``evaluate`` refuses ``argv``: exit status 2, one line matching
+  ``pattern``."""
+  with pytest.raises(SystemExit) as exit:
+    evaluate_cli.main(argv)
+  err = capsys.readouterr().err
+  assert exit.value.code == 2, err
+  assert len(err.strip().splitlines()) == 1, err
+  assert re.search(pattern, err), err
+
+
+def test_bad_requests_are_named(tmp_path, run_dir, capsys):
+  refused(capsys, ["evaluate"], "--config alone")
+  refused(
+    capsys,
+    ["evaluate", f"--workdir={run_dir}", f"--ckpt={run_dir}"],
+    "not both",
+  )
+  refused(
+    capsys,
+    ["evaluate", f"--workdir={tmp_path}"],
+    r"config\.json.*does not exist",
+  )
+  refused(capsys, ["evaluate", f"--ckpt={run_dir}"], "--ckpt needs --config")
+  refused(
+    capsys,
+    ["evaluate", f"--workdir={run_dir}", "--step=4"],
+    r"no checkpoint at step 4.*\[3, 6\]",
+  )
+  refused(
+    capsys,
+    ["evaluate", f"--workdir={run_dir}", "--temperatures=hot"],
+    "not numbers",
+  )
+  refused(
+    capsys,
+    ["evaluate", f"--workdir={run_dir}", "--stpe=4"],
+    "Unknown command line flag 'stpe'. Did you mean: step",
+  )
 
 
 def test_a_relative_workdir_is_read(run_dir, tmp_path, monkeypatch):

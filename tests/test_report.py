@@ -150,12 +150,17 @@ def test_bad_workdirs_are_named(tmp_path, capsys):
   broken = tmp_path / "broken"
   broken.mkdir()
   (broken / "metrics.jsonl").write_text("{not json\n")
-  with pytest.raises(SystemExit, match=r"broken/metrics\.jsonl: not JSON"):
-    report.main(["report", f"--workdir={broken}"])
-  with pytest.raises(SystemExit, match="1 labels for 2 workdirs"):
-    report.main(
-      ["report", f"--workdir={broken}", f"--workdir={empty}", "--label=x"]
-    )
+  for argv, pattern in (
+    ([f"--workdir={broken}"], r"broken/metrics\.jsonl: not JSON"),
+    ([f"--workdir={broken}", f"--workdir={empty}", "--label=x"], "1 labels"),
+    ([], "give at least one --workdir"),
+    ([f"--workdri={broken}"], "Did you mean: workdir"),
+  ):
+    with pytest.raises(SystemExit) as exit:
+      report.main(["report", *argv])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert re.search(f"^report: .*{pattern}", err), err
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

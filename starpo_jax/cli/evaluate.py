@@ -67,17 +67,18 @@ def describe(summary: dict[str, Any]) -> str:
 
 def _source(workdir: str | None, ckpt: str | None, config: Any) -> str | None:
   """The run or checkpoint directory to evaluate (None: the config's
-  initial policy); a request that names none or both exits."""
+  initial policy); a request that names none or both is refused."""
   if workdir is not None and ckpt is not None:
-    raise SystemExit("evaluate: give one of --workdir and --ckpt, not both")
+    cli_app.refuse("give one of --workdir and --ckpt, not both", "evaluate")
   source = workdir or ckpt
   if source is None and config is None:
-    raise SystemExit(
-      "evaluate: give --workdir, --ckpt with --config, or --config alone "
-      "(the config's initial policy)"
+    cli_app.refuse(
+      "give --workdir, --ckpt with --config, or --config alone "
+      "(the config's initial policy)",
+      "evaluate",
     )
   if source is not None and not os.path.isdir(source):
-    raise SystemExit(f"evaluate: {source!r} is not a directory")
+    cli_app.refuse(f"{source!r} is not a directory", "evaluate")
   return source
 
 
@@ -160,17 +161,13 @@ def _with_variants(cfg: Any, which: str | None) -> Any:
 
 def main(argv: list[str]) -> dict[str, Any]:
   """The command line (``argv[0]`` is the program name)."""
-  from absl import flags
 
   fv = _flags()
   if cli_app.wants_help(argv):
     print(__doc__)
     print(fv.get_help())
     raise SystemExit(0)
-  try:
-    fv(argv)
-  except flags.Error as e:
-    raise SystemExit(f"evaluate: {e}") from None
+  cli_app.parse_flags(fv, argv, "evaluate")
   source = _source(fv.workdir, fv.ckpt, fv.config)
   cfg = fv.config
   try:
@@ -190,7 +187,9 @@ def main(argv: list[str]) -> dict[str, Any]:
       transcripts=fv.transcripts,
     )
   except assembly.ConfigError as e:
-    raise SystemExit(f"evaluate: {e}") from None
+    if cli_app.debugging(argv):
+      raise
+    cli_app.refuse(str(e), "evaluate")
   print(describe(summary))
   print(f"summary and transcripts in {summary['out']}")
   return summary

@@ -363,16 +363,15 @@ def main(argv: list[str]) -> None:
     print(__doc__)
     print(fv.get_help())
     raise SystemExit(0)
-  try:
-    fv(argv)
-  except flags.Error as e:
-    raise SystemExit(f"report: {e}") from None
+  cli_app.parse_flags(fv, argv, "report")
   if not workdirs.value:
-    raise SystemExit("report: give at least one --workdir")
+    cli_app.refuse("give at least one --workdir", "report")
   try:
     written = report(workdirs.value, out.value, labels.value)
   except ValueError as e:
-    raise SystemExit(f"report: {e}") from None
+    if cli_app.debugging(argv):
+      raise
+    cli_app.refuse(str(e), "report")
   for path in written["images"].values():
     print(f"wrote {path}")
   print(f"wrote {written['html']}")

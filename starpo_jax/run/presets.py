@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from starpo_jax import settings
+
 # RAGEN's algorithms: StarPO (PPO with a critic, KL to the reference),
 # StarPO-S (variance filtering, clip-higher, no KL), RAGEN-2's StarPO-S
 # filter, GRPO, DAPO.
@@ -152,7 +154,10 @@ def apply(config: Any, *names: str) -> None:
   """
   for name in names:
     if name not in PRESETS:
-      raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+      raise ValueError(
+        f"unknown preset {name!r}{settings.nearest(name, PRESETS)}; "
+        f"known: {sorted(PRESETS)}"
+      )
     for key, value in PRESETS[name].items():
       section, field = key.split(".")
       config[section][field] = value
