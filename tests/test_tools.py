@@ -4,6 +4,7 @@ compiled rollout."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import operator
 import re
@@ -186,6 +187,51 @@ def test_calculator_refuses_code_and_bounds_its_numbers(text, message):
   assert time.perf_counter() - start < 0.1
 
 
+@pytest.mark.parametrize(
+  "text",
+  [
+    "7 % 2",
+    "7 // 2",
+    "2 @ 3",
+    "1 << 2",
+    "8 >> 1",
+    "6 & 3",
+    "6 | 3",
+    "6 ^ 3",
+    "~1",
+    "not 1",
+    "1 < 2",
+    "1 == 1",
+    "1 and 2",
+  ],
+)
+def test_calculator_refuses_each_operator_outside_its_grammar(text):
+  # Each one exactly (a random search may or may not draw it).
+  with pytest.raises(tools.ToolError, match="only"):
+    tools.calculate(text)
+
+
+def test_calculator_bounds_hold_at_their_value_and_refuse_one_past():
+  top = 10**15
+  assert tools.calculate(str(top)) == str(top)
+  assert tools.calculate(f"-{top}") == f"-{top}"
+  with pytest.raises(tools.ToolError, match="too large"):
+    tools.calculate(str(top + 1))
+  assert tools.calculate(f"1 / {top}") == "0"
+  with pytest.raises(tools.ToolError, match="too large"):
+    tools.calculate(f"1 / {top + 1}")
+  assert tools.calculate("1 ** 64") == tools.calculate("(-1) ** -64") == "1"
+  with pytest.raises(tools.ToolError, match="exponents"):
+    tools.calculate("1 ** 65")
+  # Syntax trees of 64 and 65 nodes, as Python's ast counts them.
+  at, past = "-1" + " + 1" * 20, " + ".join(["1"] * 22)
+  nodes = lambda t: sum(1 for _ in ast.walk(ast.parse(t, mode="eval")))
+  assert (nodes(at), nodes(past)) == (64, 65)
+  assert tools.calculate(at) == "19"
+  with pytest.raises(tools.ToolError, match="more than 64 parts"):
+    tools.calculate(past)
+
+
 def test_calculator_examples():
   assert tools.calculate("(12 + 3) * 4") == "60"
   assert tools.calculate("7 / 2") == "3.5"
@@ -261,6 +307,18 @@ def test_faulty_tools_fail_their_call_only():
   assert list(out["cut"]) == [False] * 6 + [True, False, False]
   assert out["length"][6] == 128
   assert out["length"][7] == out["length"][8] == 0
+
+
+def test_a_tool_input_at_its_longest_runs_and_one_longer_is_refused():
+  tok = TOKENIZERS["bpe"]()
+  box = tools.ToolBox.build(("echo",), tok.encode, 128)
+  out = box.run(["<tool>echo: 12345678</tool>", "<tool>echo: 123456789</tool>"])
+  results = [tok.decode(out["tokens"][i, : out["length"][i]]) for i in (0, 1)]
+  assert results[0].startswith("<result>12345678") and not out["failed"][0]
+  assert (
+    results[1] == "<result>error: input longer than 8 characters</result>\n"
+  )
+  assert out["failed"][1]
 
 
 def test_unknown_tools_and_bad_settings_are_named():
