@@ -19,6 +19,7 @@ import transformers
 
 from starpo_jax.cli import verify
 from starpo_jax.models import checkpoints, gguf, hf, presets
+from tests.models.conftest import gguf_tokenizer, write_gguf
 
 
 def reference(path: str):
@@ -42,6 +43,36 @@ def test_a_gguf_loads_to_transformers_logits(gguf_file):
   assert np.abs(theirs).max() > 1.0
   np.testing.assert_allclose(ours, theirs, atol=1e-4)
   assert model.cfg.tie_embeddings and model.cfg.family == "llama"
+
+
+def test_an_output_projection_stored_apart_is_the_head(tmp_path):
+  # Every other fixture ties the head to the token embedding.
+  tok = gguf_tokenizer()
+  torch.manual_seed(3)
+  cfg = transformers.LlamaConfig(
+    vocab_size=tok.get_vocab_size(),
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=False,
+    rope_theta=10_000.0,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    initializer_range=0.3,
+  )
+  path = write_gguf(
+    tmp_path / "untied.gguf", transformers.LlamaForCausalLM(cfg).eval(), tok
+  )
+  model = gguf.load(path)
+  assert not model.cfg.tie_embeddings
+  ref, _ = reference(path)
+  tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 24))
+  ours = np.asarray(model(jnp.asarray(tokens, jnp.int32))[0])
+  with torch.no_grad():
+    theirs = ref(torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(ours, theirs, atol=1e-4)
 
 
 def test_a_gguf_tokenizes_as_llama_cpp_says(gguf_file):
