@@ -101,6 +101,41 @@ def test_kept_groups_match_ragens_rules(cfg, scores):
   )
 
 
+@pytest.mark.parametrize(
+  "cfg", CONFIGS[4:8], ids=lambda c: f"{c.strategy}-{c.value}"
+)
+@settings(max_examples=25, deadline=None)
+@given(
+  data=st.data(),
+  parts=st.lists(st.integers(1, 4), min_size=3, max_size=5),
+)
+def test_a_mixture_ranks_each_part_of_three_or_more_apart(cfg, data, parts):
+  # Each part's own slice of the groups, from the third part on too.
+  scores = data.draw(
+    st.lists(
+      st.floats(0.25, 5.0, width=32),
+      min_size=sum(parts),
+      max_size=sum(parts),
+      unique=True,
+    )
+  )
+  got = np.asarray(
+    filtering.by_parts(jnp.asarray(scores, jnp.float32), cfg, tuple(parts))
+  )
+  want, start = set(), 0
+  for n in parts:
+    want |= {start + i for i in reference_keep(scores[start : start + n], cfg)}
+    start += n
+  assert set(np.flatnonzero(got)) == want
+
+
+def test_three_parts_keep_their_own_best_group():
+  cfg = filtering.FilterConfig(strategy="top_k_abs", value=1)
+  scores = jnp.asarray([1.0, 2.0, 9.0, 8.0, 7.0, 3.0, 4.0, 5.0])
+  kept = filtering.by_parts(scores, cfg, (2, 3, 3))
+  assert np.flatnonzero(np.asarray(kept)).tolist() == [1, 2, 7]
+
+
 def test_reward_std_is_the_unbiased_in_group_std():
   returns = np.asarray([1.0, 0.0, 0.5, 2.0, 2.0, 2.0], np.float32)
   got = filtering.group_scores(
