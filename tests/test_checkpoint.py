@@ -1,6 +1,6 @@
 """The digest a LoRA checkpoint keeps of its base: equal for equal weights,
 different when any value, position, dtype or name differs; which steps a
-run keeps."""
+run keeps (the latest, and the warm start's last)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from starpo_jax.run import checkpoint
+from configs import sokoban
+from starpo_jax.run import checkpoint, train
 from tests.helpers import small_state
 
 
@@ -46,3 +47,16 @@ def test_the_latest_and_the_warm_starts_last_step_are_kept(tmp_path):
     ckpt.save(step, state)
   ckpt.close()
   assert sorted(ckpt.manager.all_steps()) == [2, 5, 6]
+
+
+def test_a_run_keeps_its_warm_starts_last_step_beside_the_latest(tmp_path):
+  c = sokoban.get_config(None)
+  c.sft.steps, c.sft.episodes = 3, 8
+  c.train.steps, c.train.eval_every = 2, 0
+  c.train.checkpoint_every, c.train.keep_checkpoints = 1, 1
+  c.rollout.env_groups, c.rollout.group_size = 2, 2
+  c.rollout.max_turns = 1
+  c.diagnostics.collapse_every = c.diagnostics.gradients_every = 0
+  train.run(c, str(tmp_path))
+  kept = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir())
+  assert kept == [3, 5]
