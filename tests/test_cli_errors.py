@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from starpo_jax.cli import app as cli_app
+from starpo_jax.cli import hf as hf_cli
 
 
 def run(module: str, workdir, *argv: str, debug: bool = False):
@@ -116,3 +117,22 @@ def test_compile_check_refuses_the_same_way(tmp_path):
     "error: --config=configs/bandt.py: no file 'configs/bandt.py' "
     "(did you mean 'configs/bandit.py'?)"
   ]
+
+
+@pytest.mark.parametrize(
+  "argv, expected",
+  [
+    (
+      ["verify", "smollm2"],
+      "nor a packaged preset (did you mean 'smollm2-135m'?)",
+    ),
+    (["export", "nowhere", "out"], "nowhere: no such file or directory"),
+    (["verfy", "x"], "invalid choice: 'verfy'"),
+  ],
+)
+def test_hf_refuses_a_path_or_command_that_is_not_there(capsys, argv, expected):
+  with pytest.raises(SystemExit) as exit:
+    hf_cli.main(argv)
+  err = capsys.readouterr().err
+  assert exit.value.code == 2 and expected in err, err
+  assert len(err.strip().splitlines()) <= 2 and "Traceback" not in err

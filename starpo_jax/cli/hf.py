@@ -17,10 +17,12 @@ tokenizer, then verifies it.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from flax import nnx
 
+from starpo_jax import settings
 from starpo_jax.cli import app as cli_app
 from starpo_jax.cli import verify as verify_lib
 from starpo_jax.models import checkpoints, gguf, hf
@@ -75,13 +77,22 @@ def main(argv: list[str] | None = None) -> int:
   e.add_argument("--step", type=int, help="default: the latest checkpoint")
   e.add_argument("--dtype", choices=model_config.DTYPES)
   args = parser.parse_args(argv)
+  given = args.source if args.command == "export" else args.path
+  if not os.path.exists(given) and given not in checkpoints.PACKAGED:
+    parser.error(
+      f"{given}: no such file or directory, nor a packaged preset"
+      + settings.nearest(given, checkpoints.PACKAGED)
+    )
   try:
     if args.command == "export":
       print(f"wrote {export(args.source, args.out, args.step, args.dtype)}")
       args.path = args.out
     print(f"verifying {args.path} against transformers", flush=True)
     report = verify_lib.verify(args.path)
-  except (hf.CheckpointError, assembly.ConfigError) as e:
+  except assembly.ConfigError as e:  # a setting on the command line
+    print(f"error: {e}", file=sys.stderr)
+    return cli_app.USAGE_STATUS
+  except hf.CheckpointError as e:  # a file that cannot be read
     print(f"error: {e}", file=sys.stderr)
     return 1
   for key, value in report.items():
