@@ -6,6 +6,7 @@ variant is refused by name."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -115,7 +116,7 @@ def test_variants_exist_only_where_ragen_has_them():
     bandit.get_config("variants=ragen")
 
 
-def test_evaluate_adds_ragens_variants_to_a_runs_config(tmp_path):
+def test_evaluate_adds_ragens_variants_to_a_runs_config(tmp_path, capsys):
   from starpo_jax.cli import evaluate as evaluate_cli
 
   # A run's config.json, written as training writes it, has no variants.
@@ -140,10 +141,13 @@ def test_evaluate_adds_ragens_variants_to_a_runs_config(tmp_path):
     )
   )
   assert evaluate_cli._with_variants(saved, None) is saved
-  with pytest.raises(SystemExit, match=r"variants='ragen'.*exist for"):
+  with pytest.raises(SystemExit) as exit:
     evaluate_cli.main(
       ["evaluate", "--config=configs/bandit.py", "--variants=ragen"]
     )
+  err = capsys.readouterr().err
+  assert exit.value.code == 2
+  assert re.search(r"^evaluate: variants='ragen'.*exist for", err), err
 
 
 def test_each_evaluation_names_its_environment_and_settings():
