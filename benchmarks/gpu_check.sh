@@ -4,9 +4,9 @@
 # rows of rollout, update and iteration at RAGEN's sizes
 # (bfloat16; JAX and PyTorch each in its own process), gym_sokoban through
 # the host bridge beside the jittable sokoban, then the 2,000-step
-# learning run (benchmarks/gpu_learning.sh), and the Tunix side by side
+# learning run (experiments/gpu_learning.sh), and the Tunix side by side
 # (the peers suite) where TUNIX_WHEELS holds the wheels of
-# benchmarks/peers/tunix/requirements.txt. Writes JSON to OUT.
+# benchmarks/compare/tunix/requirements.txt. Writes JSON to OUT.
 #
 #   bash benchmarks/gpu_check.sh [OUT]
 #
@@ -38,22 +38,22 @@ if [ -n "${SMOKE:-}" ]; then
 fi
 start=$SECONDS
 for model in "${models[@]}"; do
-  python -m benchmarks.run --suite rollout,update,iteration --repeats 1 \
+  python -m benchmarks.compare.run --suite rollout,update,iteration --repeats 1 \
     --model "$model" --size "$size" --json "$out/bench-$model.json"
   echo "gpu_check: $model rows done at $((SECONDS - start)) s"
 done
 # A Python environment through the bridge beside the jittable one.
-python -m benchmarks.host_bridge --repeats "$repeats" \
+python -m benchmarks.components.host_bridge --repeats "$repeats" \
   --json "$out/bridge.json"
 echo "gpu_check: bridge rows done at $((SECONDS - start)) s"
 if [ -n "${TUNIX_WHEELS:-}" ]; then
   # Tunix in its own environment, on the image's CUDA jax where it can.
-  python -m venv --system-site-packages benchmarks/peers/tunix/.venv
-  benchmarks/peers/tunix/.venv/bin/pip install --no-index \
-    --find-links "$TUNIX_WHEELS" -r benchmarks/peers/tunix/requirements.txt
-  python -m benchmarks.run --suite peers --repeats 2 \
+  python -m venv --system-site-packages benchmarks/compare/tunix/.venv
+  benchmarks/compare/tunix/.venv/bin/pip install --no-index \
+    --find-links "$TUNIX_WHEELS" -r benchmarks/compare/tunix/requirements.txt
+  python -m benchmarks.compare.run --suite peers --repeats 2 \
     --size "${size/ragen/cpu}" --json "$out/bench-peers.json"
   echo "gpu_check: Tunix rows done at $((SECONDS - start)) s"
 fi
-WHEELS='' bash benchmarks/gpu_learning.sh "$out/learning" "${learn[@]}"
+WHEELS='' bash experiments/gpu_learning.sh "$out/learning" "${learn[@]}"
 echo "gpu_check: $((SECONDS - start)) s in all; JSON in $out"

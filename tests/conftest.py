@@ -32,10 +32,10 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The tests' programs are tiny: compiling them takes far longer than
 # running them. Without LLVM's optimizations the suite's CPU time falls by
-# about a quarter (tests/test_compaction.py alone: 200 to 140 CPU seconds);
+# about a quarter (tests/algo/test_compaction.py alone: 200 to 140 CPU seconds);
 # XLA's older fusion emitters compile the small bandit step in 2.9 s
 # instead of 5.2. Only the tests' own processes and their subprocesses
-# compile this way; the TPU compiles (tests/test_compile_check.py) drop
+# compile this way; the TPU compiles (tests/cli/test_compile_check.py) drop
 # these flags.
 os.environ["XLA_FLAGS"] = " ".join(
   [
@@ -63,19 +63,19 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 LONGEST_FIRST = (
   "tests/test_sharding.py",
-  "tests/test_mixture.py",
+  "tests/agent/test_mixture.py",
   "tests/models/test_gguf.py",
-  "tests/test_rollout.py",
-  "tests/test_lora_train.py",
-  "tests/test_train.py",
-  "tests/test_compaction.py",
-  "tests/test_rollout_savings.py",
-  "tests/test_sft.py",
-  "tests/test_compile_check.py",
-  "tests/test_step.py",
-  "tests/test_text.py",
-  "tests/test_host.py",
-  "tests/test_context_window.py",
+  "tests/agent/test_rollout.py",
+  "tests/run/test_lora_train.py",
+  "tests/run/test_train.py",
+  "tests/algo/test_compaction.py",
+  "tests/agent/test_rollout_savings.py",
+  "tests/algo/test_sft.py",
+  "tests/cli/test_compile_check.py",
+  "tests/algo/test_step.py",
+  "tests/agent/test_codec.py",
+  "tests/envs/test_host.py",
+  "tests/agent/test_context_window.py",
 )
 
 

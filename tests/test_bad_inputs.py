@@ -6,11 +6,11 @@ does what the documented grammar says (a plain-Python reference) or gets a
 clear refusal; nothing raises anything else.
 
 The answer parser is fuzzed against its regex reference in
-tests/test_text.py. The suite tries a few hundred to a few thousand
+tests/agent/test_codec.py. The suite tries a few hundred to a few thousand
 inputs each; the opt-in run tries 10,000 of each:
 
   STARPO_FUZZ_EXAMPLES=10000 pytest tests/test_bad_inputs.py \
-    tests/test_text.py::test_jitted_parse_equals_the_regex_reference
+    tests/agent/test_codec.py::test_jitted_parse_equals_the_regex_reference
 """
 
 from __future__ import annotations

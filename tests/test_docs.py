@@ -2,7 +2,7 @@
 executes block by block (an environment, its registration, a config, a
 training run, a test), every ``python -m`` command the README and the
 docs show answers ``--help``, and every table rendered from a JSON file
-(``benchmarks/doc_tables.py``) shows what its JSON holds."""
+(``experiments/doc_tables.py``) shows what its JSON holds."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [
   ROOT / "README.md",
   ROOT / "launch" / "README.md",
+  ROOT / "benchmarks" / "README.md",
   *sorted((ROOT / "docs").glob("*.md")),
 ]
 
@@ -62,7 +63,9 @@ def modules() -> list[str]:
     found |= set(re.findall(r"python3? -m ([\w.]+)", path.read_text()))
   # Tools of others (pip, pytest, venv) are theirs to document.
   return sorted(
-    m for m in found if m.split(".")[0] in ("starpo_jax", "benchmarks")
+    m
+    for m in found
+    if m.split(".")[0] in ("starpo_jax", "benchmarks", "experiments")
   )
 
 
@@ -95,7 +98,7 @@ print(json.dumps(answers))
 
 def test_every_documented_command_answers_help():
   names = modules()
-  assert "starpo_jax.main" in names and "benchmarks.run" in names
+  assert "starpo_jax.main" in names and "benchmarks.compare.run" in names
   out = python("-c", _ANSWER_HELP, *names, cwd=ROOT, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   answers = json.loads(out.stdout.splitlines()[-1])
@@ -113,13 +116,13 @@ def test_links_between_documents_resolve(path):
 
 
 def test_every_table_matches_the_json_it_is_rendered_from():
-  from benchmarks import doc_tables
+  from experiments import doc_tables
 
-  assert doc_tables.stale() == [], "run python -m benchmarks.doc_tables"
+  assert doc_tables.stale() == [], "run python -m experiments.doc_tables"
   # A figure typed over its JSON's is caught.
   text = (ROOT / "docs" / "benchmarks.md").read_text()
-  assert "<!-- table run docs/bench_tiny.json -->" in text
-  start = text.index("<!-- table run docs/bench_tiny.json -->")
+  assert "<!-- table run docs/data/bench_tiny.json -->" in text
+  start = text.index("<!-- table run docs/data/bench_tiny.json -->")
   cell = re.search(r"\| steps/s \| (\d)", text[start:])
   digit = str((int(cell[1]) + 1) % 10)
   at = start + cell.start(1)
@@ -128,7 +131,7 @@ def test_every_table_matches_the_json_it_is_rendered_from():
 
 
 def test_each_table_names_the_machine_its_json_was_measured_on():
-  from benchmarks import doc_tables
+  from experiments import doc_tables
 
   assert doc_tables.cpu_name("Intel(R) Xeon(R) Processor") == "Intel Xeon"
   assert doc_tables.cpu_name("Intel(R) Xeon(R) CPU @ 2.20GHz") == "Intel Xeon"
@@ -187,7 +190,7 @@ def hand_typed_figures(text: str) -> list[str]:
 def test_no_table_of_figures_is_typed_by_hand(path):
   assert hand_typed_figures(path.read_text()) == [], (
     f"{path.name}: a table of measured figures outside a rendered block "
-    "(write its JSON and render it: python -m benchmarks.doc_tables)"
+    "(write its JSON and render it: python -m experiments.doc_tables)"
   )
   # The check sees a figure typed into a table, and not one rendered.
   typed = "| run | 61.2% [57.0, 65.3] |"

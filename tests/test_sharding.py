@@ -108,7 +108,7 @@ def test_parameter_shard_shapes(runs, mesh):
 
 @pytest.mark.slow
 def test_parameter_memory_falls_with_fsdp_and_tensor_parallelism(runs):
-  # FSDP alone: tests/test_compile_check.py (a quarter with 4 devices).
+  # FSDP alone: tests/cli/test_compile_check.py (a quarter with 4 devices).
   full = runs["(1, 1, 1)"]["param_bytes"]
   for mesh in MESHES:
     _, fsdp, tensor = (int(d) for d in mesh.strip("()").split(","))

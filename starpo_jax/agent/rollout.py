@@ -262,7 +262,7 @@ def _layer_buffers(cfg: RolloutConfig) -> bool:
 def _turn(model, codec, env, cfg, c: Carry, turn, chunk: int, constrain):
   """One turn of every episode: prompt, reply, parse, act, score. Named
   scopes let a profile attribute the rollout's time to these parts
-  (``benchmarks.op_profile``)."""
+  (``benchmarks.profiling.op_profile``)."""
   with jax.named_scope("prompt"):
     p = prompt(model, codec, env, cfg, c, turn, chunk)
   d = decode(model, codec, cfg, turn, p.decode)

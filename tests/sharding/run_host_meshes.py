@@ -21,7 +21,7 @@ from starpo_jax import sharding
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import rollout
 from starpo_jax.algo.experts import ScriptedPolicy
-from tests.test_host import CFG, script_from
+from tests.envs.test_host import CFG, script_from
 from tests.text_fixtures import TOKENIZERS
 
 

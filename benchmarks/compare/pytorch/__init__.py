@@ -1,0 +1,1 @@
+"""StarPO in PyTorch, the baseline of ``python -m benchmarks.compare.run``."""

@@ -1,0 +1,2 @@
+"""The step's parts on their own: the environments, the host bridge and
+the compiled rollout."""

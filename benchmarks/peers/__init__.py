@@ -1,1 +1,0 @@
-"""Peers run as their own docs run them, each in its own environment."""

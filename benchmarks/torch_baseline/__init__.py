@@ -1,1 +1,0 @@
-"""StarPO in PyTorch, the baseline of ``python -m benchmarks.run``."""
