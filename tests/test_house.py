@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -87,6 +88,71 @@ def test_no_file_is_longer_than_600_lines(folder):
     if (n := text.count("\n")) > MAX_FILE_LINES
   ]
   assert not long, long
+
+
+MAX_PARAMETERS = 8
+
+
+def many_parameters(path, text: str, limit: int) -> list[str]:
+  """Functions taking more than ``limit`` parameters (``self`` and
+  ``cls`` not counted): a sign that some belong together in a struct."""
+  found = []
+  for node in ast.walk(ast.parse(text)):
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+      continue
+    a = node.args
+    names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+    n = len([x for x in names if x not in ("self", "cls")])
+    if n > limit:
+      found.append(f"{path}:{node.lineno} {node.name} ({n} parameters)")
+  return found
+
+
+def test_no_function_in_the_library_takes_more_than_8_parameters():
+  many = []
+  for path, text in sources("starpo_jax"):
+    many += many_parameters(path, text, MAX_PARAMETERS)
+  assert not many, many
+  names = [f"a{i}" for i in range(MAX_PARAMETERS)]
+  at_limit = f"def f(self, {', '.join(names)}): pass\n"
+  assert not many_parameters("planted.py", at_limit, MAX_PARAMETERS)
+  past = f"def f(*, {', '.join([*names, 'one_more'])}): pass\n"
+  assert many_parameters("planted.py", past, MAX_PARAMETERS)
+
+
+# A figure measured on one machine goes stale in a docstring: figures live
+# in the docs' JSON, where the command that measured them writes them.
+TIMING = re.compile(
+  r"\b\d[\d,.]*\s*(?:ms|µs|s|seconds?|min(?:utes?)?|hours?)\b(?![-/\w])"
+  r"|\b\d[\d.]*x (?:faster|slower)\b|\bGFLOP/s\b"
+)
+
+
+def timed_docstrings(path, text: str) -> list[str]:
+  found = []
+  for node in ast.walk(ast.parse(text)):
+    if isinstance(
+      node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+    ):
+      doc = ast.get_docstring(node) or ""
+      found += [
+        f"{path}:{getattr(node, 'lineno', 1)} {m[0]!r}"
+        for m in TIMING.finditer(doc)
+      ]
+  return found
+
+
+@pytest.mark.parametrize("folder", ["starpo_jax", "envs"])
+def test_no_docstring_states_a_timing(folder):
+  timed = []
+  for path, text in sources(folder):
+    timed += timed_docstrings(path, text)
+  assert not timed, timed
+  for planted in ("took 43 s", "about 3x faster", "0.3 ms a call"):
+    assert timed_docstrings("planted.py", f'"""It {planted}."""\n'), planted
+  for kept in ("timeout_s: the longest", "5 turns", "3 x 128 tokens"):
+    assert not timed_docstrings("planted.py", f'"""{kept}."""\n'), kept
 
 
 @pytest.mark.parametrize("folder", ["benchmarks", "experiments"])

@@ -3,10 +3,10 @@ episodes stepped from inside the compiled rollout.
 
 ``reset`` and ``act`` each make ONE host call for the whole batch
 (``envs.batch.call.host_call``), and the observations come back as tokens
-of the run's tokenizer (``bind`` it), cut to ``max_obs_tokens``. One host
-call per turn costs 0.3 ms for 128 episodes on a 2-core CPU; a callback
-per episode (``vmap`` of a callback runs them one after another) cost
-61 ms.
+of the run's tokenizer (``bind`` it), cut to ``max_obs_tokens``: one
+host call a turn, where a callback per episode (``vmap`` of a callback
+runs them one after another) would cost one each
+(``python -m benchmarks.components.host_bridge`` measures the bridge).
 
 On a mesh that shards the episode batch (``bind``'s ``batch_axes``), the
 calls run per shard, each in the process that holds it.

@@ -77,6 +77,16 @@ class TextObservations:
 
 
 @struct.dataclass
+class LastTurn:
+  """What an episode's previous turn left for the next prompt to say."""
+
+  reward: jax.Array  # its reward (unused on turn 0)
+  warn: jax.Array  # it had no valid action
+  actions_left: jax.Array  # the episode's remaining action budget
+  ended_by_stop: jax.Array  # its reply ended with the chat's stop token
+
+
+@struct.dataclass
 class Codec:
   """Lookup tables between a tokenizer and one environment's pieces."""
 
@@ -282,10 +292,7 @@ class Codec:
     self,
     turn: jax.Array,
     obs: tuple[jax.Array, jax.Array],
-    reward: jax.Array,
-    warn: jax.Array,
-    actions_left: jax.Array,
-    ended_by_stop: jax.Array,
+    last: LastTurn,
     size: int,
     max_turns: int,
     max_actions: int,
@@ -295,10 +302,8 @@ class Codec:
     Args:
       turn: int32 [], 0-based.
       obs: observation tokens and count, from ``render``.
-      reward: the previous turn's reward (unused on turn 0).
-      warn: whether the previous turn had no valid action.
-      actions_left: the episode's remaining action budget.
-      ended_by_stop: the previous reply ended with the chat's stop token.
+      last: what the previous turn left (on turn 0, only the action
+        budget is read).
       size: the chunk width (``turn_chunk_size``).
 
     Returns:
@@ -306,6 +311,7 @@ class Codec:
     """
     f = self.fragments
     later = turn > 0
+    ended_by_stop = last.ended_by_stop
     const = lambda ids, keep=True: fixed(ids, keep)
     observation = (obs[0], jnp.arange(obs[0].shape[0]) < obs[1])
     segments = [
@@ -316,7 +322,7 @@ class Codec:
     if self.settings.compact:
       segments += [observation, const(f.reply_start)]
       return pack(segments, size)
-    r_ids, r_keep = self.reward(reward)
+    r_ids, r_keep = self.reward(last.reward)
     segments += [
       const(f.reward_head, later),
       (r_ids, r_keep & later),
@@ -326,9 +332,9 @@ class Codec:
       const(f.state_head),
       observation,
       const(f.newline),
-      const(f.warning, warn),
+      const(f.warning, last.warn),
       const(f.actions_head),
-      self.number(actions_left, len(str(max_actions))),
+      self.number(last.actions_left, len(str(max_actions))),
       const(f.reminder),
       self.number(
         jnp.asarray(self.settings.response_hint),

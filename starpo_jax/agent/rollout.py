@@ -40,6 +40,7 @@ from starpo_jax.agent.rollout_config import RolloutConfig
 from starpo_jax.agent.turn import (
   Carry,
   Policy,
+  Reply,
   TurnRecord,
   act,
   call_tools,
@@ -259,24 +260,25 @@ def _layer_buffers(cfg: RolloutConfig) -> bool:
   return cfg.layer_buffers == "on"
 
 
-def _turn(model, codec, env, cfg, c: Carry, turn, chunk: int, constrain):
+def _turn(model, codec, env, cfg, carry: Carry, turn, chunk: int, constrain):
   """One turn of every episode: prompt, reply, parse, act, score. Named
   scopes let a profile attribute the rollout's time to these parts
   (``benchmarks.profiling.op_profile``)."""
   with jax.named_scope("prompt"):
-    p = prompt(model, codec, env, cfg, c, turn, chunk)
-  d = decode(model, codec, cfg, turn, p.decode)
+    prompted = prompt(model, codec, env, cfg, carry, turn, chunk)
+  decoded = decode(model, codec, cfg, turn, prompted.decode)
   with jax.named_scope("parse"):
-    parsed = constrain(jax.vmap(codec.parse)(d.reply, d.count))
+    parsed = constrain(jax.vmap(codec.parse)(decoded.reply, decoded.count))
   with jax.named_scope("tools"):
-    calls = call_tools(codec, d, p.active)
+    calls = call_tools(codec, decoded, prompted.active)
+  reply = Reply(decoded=decoded, parsed=parsed, calls=calls)
   # A reply that calls a tool has no answer (decoding stopped at
   # "</tool>"), so it steps nothing.
   with jax.named_scope("environment"):
-    a, executed = act(env, cfg, c, parsed, p.active)
+    acting = act(env, cfg, carry, parsed, prompted.active)
   with jax.named_scope("end_turn"):
-    c, record = end_turn(codec, cfg, c, p, d, parsed, a, executed, turn, calls)
-  return constrain(c), record
+    carry, record = end_turn(codec, cfg, carry, prompted, reply, acting, turn)
+  return constrain(carry), record
 
 
 def _play(

@@ -15,7 +15,8 @@ from flax import struct
 import envs
 from envs import BatchEnv
 from envs.tools import Results
-from starpo_jax.agent.codec import Codec
+from starpo_jax.agent.codec import Codec, LastTurn
+from starpo_jax.agent.parse import Parsed
 from starpo_jax.agent.ragged import pack
 from starpo_jax.agent.rollout_config import RolloutConfig
 from starpo_jax.models import sampling
@@ -89,6 +90,17 @@ class Acting:
   success: jax.Array  # [B]
   terminated: jax.Array  # [B]
   unavailable: jax.Array  # [B] parts naming an action not offered here
+  executed: jax.Array  # [A, B] the actions executed, -1 where none was
+
+
+@struct.dataclass
+class Reply:
+  """A turn's replies: decoded, parsed, and their tool calls run (None:
+  the environment has no tools)."""
+
+  decoded: Decode
+  parsed: Parsed
+  calls: Results | None
 
 
 @struct.dataclass
@@ -156,29 +168,30 @@ def prompt(
   codec: Codec,
   env: BatchEnv,
   cfg: RolloutConfig,
-  c: Carry,
+  carry: Carry,
   turn: jax.Array,
   chunk: int,
 ) -> Prompted:
   """Renders each live episode's turn prompt, writes it after the context
   and prefills it; the next token's logits start the decode."""
   b, length = cfg.batch, cfg.max_context
-  obs = observations(codec, env, c)
-  left = cfg.max_actions_per_traj - c.used
+  obs = observations(codec, env, carry)
+  left = cfg.max_actions_per_traj - carry.used
+  previous = LastTurn(carry.last_reward, carry.warn, left, carry.ended_by_stop)
   prompt, count = jax.vmap(
-    lambda o, r, w, a, e: codec.turn_chunk(
-      turn, o, r, w, a, e, chunk, cfg.max_turns, cfg.max_actions_per_traj
+    lambda o, last: codec.turn_chunk(
+      turn, o, last, chunk, cfg.max_turns, cfg.max_actions_per_traj
     )
-  )(obs, c.last_reward, c.warn, left, c.ended_by_stop)
-  start = c.cache.length
+  )(obs, previous)
+  start = carry.cache.length
   fits = start + count + 1 <= length
-  active = ~c.done & fits
+  active = ~carry.done & fits
   ids = jnp.where(jnp.arange(chunk) < count[:, None], turn, -1)
-  cache = c.cache
+  cache = carry.cache
   if cfg.visible_turns:
-    cache = cache.replace(hidden=hidden_turns(codec, cfg, c, turn))
+    cache = cache.replace(hidden=hidden_turns(codec, cfg, carry, turn))
   if cfg.context_method == "reprefill":
-    cache = reprefill(model, cfg, c.tokens, cache, chunk)
+    cache = reprefill(model, cfg, carry.tokens, cache, chunk)
   with jax.named_scope("prefill"):
     last = jnp.maximum(count - 1, 0)[:, None]
     last_h, cache = prefill(
@@ -188,7 +201,7 @@ def prompt(
   return Prompted(
     active=active,
     fits=fits,
-    context_truncated=c.context_truncated | (~c.done & ~fits),
+    context_truncated=carry.context_truncated | (~carry.done & ~fits),
     decode=Decode(
       step=jnp.zeros((), jnp.int32),
       slots=jnp.zeros((), jnp.int32),
@@ -200,13 +213,13 @@ def prompt(
       count=zero,
       last=zero,
       cache=cache,
-      tokens=write(c.tokens, start, prompt, active[:, None]),
-      loss_mask=c.loss_mask,
-      logprobs=c.logprobs,
-      entropy=c.entropy,
-      turn_ids=write(c.turn_ids, start, ids, active[:, None]),
+      tokens=write(carry.tokens, start, prompt, active[:, None]),
+      loss_mask=carry.loss_mask,
+      logprobs=carry.logprobs,
+      entropy=carry.entropy,
+      turn_ids=write(carry.turn_ids, start, ids, active[:, None]),
       rows=jnp.arange(b, dtype=jnp.int32),
-      key=c.key,
+      key=carry.key,
     ),
   )
 
@@ -414,17 +427,16 @@ def _decode(model, codec, cfg, turn, d: Decode, shrinks: int) -> Decode:
 def act(
   env: BatchEnv,
   cfg: RolloutConfig,
-  c: Carry,
-  parsed: Any,
+  carry: Carry,
+  parsed: Parsed,
   active: jax.Array,
-) -> tuple[Acting, jax.Array]:
+) -> Acting:
   """Plays a turn's parsed actions ``[B, A]`` in order while the episode
   lives, within its action budget; an environment with text answers takes
   the answer's bytes in one step.
 
   Returns:
-    The environments after them, and the actions executed ``[A, B]``
-    (-1 where none was).
+    The environments after them and the actions executed.
   """
   actions = parsed.actions[:, : cfg.max_actions_per_turn]
   answer = None
@@ -432,7 +444,12 @@ def act(
     actions = actions[:, :1]
     answer = envs.Answer(parsed.answer, parsed.answer_length)
   t = env.act(
-    c.states, actions, answer, active, c.used, cfg.max_actions_per_traj
+    carry.states,
+    actions,
+    answer,
+    active,
+    carry.used,
+    cfg.max_actions_per_traj,
   )
   return Acting(
     states=t.states,
@@ -440,18 +457,21 @@ def act(
     env_done=t.done,
     reward=t.reward,
     effective=t.effective,
-    success=jnp.where(t.stepped, t.success, c.success),
-    terminated=jnp.where(t.stepped, t.terminated, c.terminated),
+    success=jnp.where(t.stepped, t.success, carry.success),
+    terminated=jnp.where(t.stepped, t.terminated, carry.terminated),
     unavailable=t.unavailable,
-  ), t.executed
+    executed=t.executed,
+  )
 
 
-def call_tools(codec: Codec, d: Decode, active: jax.Array) -> Results | None:
+def call_tools(
+  codec: Codec, decoded: Decode, active: jax.Array
+) -> Results | None:
   """Runs the tool calls of the turn's replies (``envs.tools``), in one
   host call; None where the environment has no tools."""
   if codec.tools is None:
     return None
-  data, count = jax.vmap(codec.to_bytes)(d.reply, d.count)
+  data, count = jax.vmap(codec.to_bytes)(decoded.reply, decoded.count)
   return codec.tools(data, count, active)
 
 
@@ -472,9 +492,8 @@ class Scored:
 def score(
   cfg: RolloutConfig,
   active: jax.Array,
-  parsed: Any,
-  a: Acting,
-  calls: Results | None,
+  reply: Reply,
+  acting: Acting,
 ) -> Scored:
   """The turn's reward, with the format penalty where it applies.
 
@@ -483,93 +502,94 @@ def score(
   episode's action lookup holds only what it offers: it costs the format
   penalty rather than passing as a free no-op. A tool call is penalized
   only when malformed."""
+  parsed, calls = reply.parsed, reply.calls
   no = jnp.zeros_like(active)
   called = active & (calls.called if calls else no)
   malformed = active & (calls.malformed if calls else no)
   answered = active & ~called
-  num_valid = parsed.num_valid - a.unavailable
+  num_valid = parsed.num_valid - acting.unavailable
   penalized = malformed | (
     answered & ((num_valid == 0) | (num_valid < parsed.num_parts))
   )
-  reward = a.reward + jnp.where(penalized, cfg.format_penalty, 0.0)
+  reward = acting.reward + jnp.where(penalized, cfg.format_penalty, 0.0)
   return Scored(called, malformed, answered, num_valid, penalized, reward)
 
 
 def end_turn(
   codec: Codec,
   cfg: RolloutConfig,
-  c: Carry,
-  p: Prompted,
-  d: Decode,
-  parsed: Any,
-  a: Acting,
-  executed: jax.Array,
+  carry: Carry,
+  prompted: Prompted,
+  reply: Reply,
+  acting: Acting,
   turn: jax.Array,
-  calls: Results | None,
 ) -> tuple[Carry, TurnRecord]:
   """The turn's reward (with the format penalty) on its last token, what
   ends the episode, and the turn's record."""
-  active = p.active
-  s = score(cfg, active, parsed, a, calls)
-  last = d.cache.length - 1
-  rewards = set_at(c.rewards, last, s.reward, active & (d.count > 0))
-  out_of_budget = a.used >= cfg.max_actions_per_traj
-  ended = active & (a.env_done | out_of_budget | (turn == cfg.max_turns - 1))
+  active, decoded, calls = prompted.active, reply.decoded, reply.calls
+  s = score(cfg, active, reply, acting)
+  last = decoded.cache.length - 1
+  rewards = set_at(carry.rewards, last, s.reward, active & (decoded.count > 0))
+  out_of_budget = acting.used >= cfg.max_actions_per_traj
+  ended = active & (
+    acting.env_done | out_of_budget | (turn == cfg.max_turns - 1)
+  )
   # A tool's result is shown by the next turn only.
   if calls is None:
-    result, result_length, cut = c.result, c.result_length, 0
+    result, result_length, cut = carry.result, carry.result_length, 0
   else:
     result = calls.tokens
     result_length = jnp.where(s.called, calls.length, 0)
     cut = s.called & calls.cut
-  carry = Carry(
-    states=a.states,
-    cache=d.cache,
-    tokens=d.tokens,
-    loss_mask=d.loss_mask,
-    turn_ids=d.turn_ids,
-    logprobs=d.logprobs,
-    entropy=d.entropy,
+  after = Carry(
+    states=acting.states,
+    cache=decoded.cache,
+    tokens=decoded.tokens,
+    loss_mask=decoded.loss_mask,
+    turn_ids=decoded.turn_ids,
+    logprobs=decoded.logprobs,
+    entropy=decoded.entropy,
     rewards=rewards,
-    done=c.done | ended | ~p.fits,
-    used=a.used,
-    last_reward=jnp.where(active, s.reward, c.last_reward),
+    done=carry.done | ended | ~prompted.fits,
+    used=acting.used,
+    last_reward=jnp.where(active, s.reward, carry.last_reward),
     warn=s.answered & (s.num_valid == 0),
-    ended_by_stop=d.last == codec.chat_stop,
-    terminated=a.terminated,
-    success=a.success,
-    context_truncated=p.context_truncated,
+    ended_by_stop=decoded.last == codec.chat_stop,
+    terminated=acting.terminated,
+    success=acting.success,
+    context_truncated=prompted.context_truncated,
     result=result,
     result_length=result_length,
-    results_cut=c.results_cut + cut,
-    turn_start=c.turn_start.at[:, turn].set(c.cache.length),
-    key=d.key,
+    results_cut=carry.results_cut + cut,
+    turn_start=carry.turn_start.at[:, turn].set(carry.cache.length),
+    key=decoded.key,
   )
-  return carry, record(active, d, parsed, a, executed, s)
+  return after, record(active, reply, acting, s)
 
 
 def record(
   active: jax.Array,
-  d: Decode,
-  parsed: Any,
-  a: Acting,
-  executed: jax.Array,
+  reply: Reply,
+  acting: Acting,
   s: Scored,
 ) -> TurnRecord:
   """What the turn leaves in the trajectory's per-turn arrays."""
+  decoded, parsed = reply.decoded, reply.parsed
   matched = s.answered & parsed.matched
   return TurnRecord(
     reward=jnp.where(active, s.reward, 0.0),
     played=active,
-    response_length=jnp.where(active, d.count, 0),
+    response_length=jnp.where(active, decoded.count, 0),
     format_ok=matched | (s.called & ~s.malformed),
     thought=active & parsed.thought,
     think_tokens=jnp.where(matched, parsed.think_tokens, 0),
     valid=s.answered & (s.num_valid > 0) & (s.num_valid == parsed.num_parts),
-    effective=active & a.effective,
+    effective=active & acting.effective,
     penalized=s.penalized,
-    actions=executed.T,
+    actions=acting.executed.T,
     tool=s.called,
-    decode_steps=jnp.full_like(d.count, d.step),
-    decode_slots=jnp.full(d.count.shape, d.slots / d.count.shape[0]),
+    decode_steps=jnp.full_like(decoded.count, decoded.step),
+    decode_slots=jnp.full(
+      decoded.count.shape, decoded.slots / decoded.count.shape[0]
+    ),
   )

@@ -226,6 +226,17 @@ def own_reasoning(
   return ids, length.astype(jnp.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class ExpertPlay:
+  """Whose actions an expert episode plays (``sft.expert``): ``planner``,
+  the environment's shortest solutions; ``search``, the shortest of
+  ``tries`` random successes (``sft.search_tries``); ``random_valid`` and
+  ``world_model``, random valid actions."""
+
+  kind: str = "planner"
+  tries: int = 64
+
+
 def expert_trajectories(
   env: Any,
   codec: Codec,
@@ -233,14 +244,12 @@ def expert_trajectories(
   rollout_cfg: RolloutConfig,
   key: jax.Array,
   constrain=lambda tree: tree,
-  expert: str = "planner",
-  tries: int = 64,
+  expert: ExpertPlay = ExpertPlay(),
   reasoning: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[Trajectory, jax.Array]:
-  """Plays ``rollout_cfg.batch`` new levels with the expert's actions: their
-  shortest solutions, the shortest of ``tries`` random successes, or random
-  valid ones; in think mode after ``reasoning`` (``own_reasoning``: tokens
-  ``[B, R]`` and lengths ``[B]``).
+  """Plays ``rollout_cfg.batch`` new levels with the ``expert``'s actions,
+  in think mode after ``reasoning`` (``own_reasoning``: tokens ``[B, R]``
+  and lengths ``[B]``).
 
   Returns:
     The episodes, and ``[B]`` bool, whether the expert had actions for the
@@ -262,12 +271,12 @@ def expert_trajectories(
     traj = rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
     return traj, jnp.ones(traj.success.shape, bool)
   horizon = rollout_cfg.max_actions_per_traj
-  if expert == "planner":
+  if expert.kind == "planner":
     plans = jax.vmap(lambda s: env.plan(s, horizon))(states)
-  elif expert == "search":
+  elif expert.kind == "search":
     keys = jax.random.split(jax.random.fold_in(key, 1), rollout_cfg.batch)
     plans = jax.vmap(
-      lambda s, k: planning.random_search(env, s, horizon, k, tries)
+      lambda s, k: planning.random_search(env, s, horizon, k, expert.tries)
     )(states, keys)
   else:  # random_valid, world_model
     keys = jax.random.split(jax.random.fold_in(key, 1), rollout_cfg.batch)
@@ -283,5 +292,5 @@ def expert_trajectories(
     scripts = jax.vmap(replies.after_reasoning)(scripts, *reasoning)
   policy = ScriptedPolicy(scripts, codec.token_bytes.shape[0])
   traj = rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
-  found = plans.length >= 0 if expert in ("planner", "search") else None
+  found = plans.length >= 0 if expert.kind in ("planner", "search") else None
   return traj, jnp.ones(traj.success.shape, bool) if found is None else found

@@ -62,6 +62,7 @@ from starpo_jax.agent.rollout import RolloutConfig, Trajectory
 from starpo_jax.algo import prefix as prefix_lib
 from starpo_jax.algo.batch import at_length
 from starpo_jax.algo.experts import (
+  ExpertPlay,
   Replies,
   expert_trajectories,
   own_reasoning,
@@ -236,30 +237,28 @@ def imitation_loss(
   policy_def: Any,
   traj: Trajectory,
   size: int,
-  temperature: float,
-  allowed: jax.Array | None,
+  dist: Distribution,
   chunk: int,
   keep: jax.Array,
-  window: TurnWindow | None = None,
   plan: prefix_lib.Plan | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Mean negative log-likelihood of the expert's reply tokens, in the
-  episodes ``keep [B]`` marks, each seeing the turns ``window`` shows (as
-  the rollout will), the prompt they share computed once under ``plan``
-  (``algo.prefix``; None: each episode whole)."""
+  """Mean negative log-likelihood of the expert's reply tokens under the
+  policy's sampling distribution ``dist``, in the episodes ``keep [B]``
+  marks, each token seeing the turns ``dist`` shows (as the rollout
+  will), the prompt they share computed once under ``plan``
+  (``algo.prefix``; None: each episode whole).
+
+  Args:
+    size: the generated tokens' slots a row (``max_generated``).
+    chunk: the vocabulary rows the loss head takes at once
+      (``algo.logits_chunk``).
+  """
   positions, mask = pack_generated(traj, size)
   mask = mask & keep[:, None]
   model = nnx.merge(policy_def, params)
+  window = dist.context(traj.turn_ids)
   logp = _logprobs(
-    model,
-    traj.tokens,
-    positions,
-    mask,
-    temperature,
-    allowed,
-    chunk,
-    window,
-    plan,
+    model, traj.tokens, positions, mask, dist, chunk, window, plan
   )
   m = mask.astype(jnp.float32)
   count = jnp.maximum(jnp.sum(m), 1.0)
@@ -268,22 +267,22 @@ def imitation_loss(
 
 
 def _logprobs(
-  model, tokens, positions, mask, temperature, allowed, chunk, window, plan
+  model, tokens, positions, mask, dist: Distribution, chunk, window, plan
 ) -> jax.Array:
   """``sequence_logprobs`` of the tokens at ``positions [B, G]``; under a
   ``plan``, the rows' shared prompt once and each row's own tokens at the
   shortest suffix length that holds its ``mask``ed ones."""
   if plan is None:
     return sequence_logprobs(
-      model, tokens, positions, temperature, allowed, chunk, window
+      model, tokens, positions, dist.temperature, dist.allowed, chunk, window
     )[0]
   prefix, lengths, needed, cut = passes(plan, tokens, positions, mask, 0)
   logp = lambda t, n: sequence_logprobs(
     model,
     t,
     positions,
-    temperature,
-    allowed,
+    dist.temperature,
+    dist.allowed,
     chunk,
     shared=plan.shared(prefix, n),
   )[0]
@@ -342,8 +341,9 @@ def world_model_loss(
   positions = generated_positions(mask, size)
   slots = jnp.arange(size) < jnp.sum(mask, 1)[:, None]
   model = nnx.merge(policy_def, params)
+  unscaled = Distribution(1.0)
   logp = _logprobs(
-    model, traj.tokens, positions, slots, 1.0, None, chunk, window, plan
+    model, traj.tokens, positions, slots, unscaled, chunk, window, plan
   )
   # Back to token positions, to read the prompts' tokens turn by turn.
   rows = jnp.arange(logp.shape[0])[:, None]
@@ -377,33 +377,21 @@ def _objective(
   traj: Trajectory,
   keep: jax.Array,
   max_generated: int,
-  temperature: float,
-  allowed: jax.Array | None,
+  dist: Distribution,
   logits_chunk: int,
-  context: Any,
   plan: prefix_lib.Plan | None = None,
 ):
   """Whether any token trains, and ``params -> (loss, stats)``: the
   world model's loss for ``expert="world_model"``, else imitation; each
-  token seeing what it sees in the rollout (``context``:
-  ``Distribution.context``), the episodes' shared prompt once under
-  ``plan``."""
-  window = context(traj.turn_ids)
+  token seeing what it sees in the rollout (``dist.context``), the
+  episodes' shared prompt once under ``plan``."""
   if expert == "world_model":
+    window = dist.context(traj.turn_ids)
     return jnp.any(traj.loss_mask), lambda p: world_model_loss(
       p, policy_def, traj, logits_chunk, keep, window, plan
     )
   return jnp.any(traj.loss_mask & keep[:, None]), lambda p: imitation_loss(
-    p,
-    policy_def,
-    traj,
-    max_generated,
-    temperature,
-    allowed,
-    logits_chunk,
-    keep,
-    window,
-    plan,
+    p, policy_def, traj, max_generated, dist, logits_chunk, keep, plan
   )
 
 
@@ -470,10 +458,10 @@ def make_sft_step(spec: WarmStartSpec, codec: Any, mesh: Any = None):
       traj,
       keep,
       cfg.max_generated,
-      spec.rollout.temperature,
-      codec.allowed,
+      dataclasses.replace(
+        Distribution.of(cfg, codec), temperature=spec.rollout.temperature
+      ),
       spec.logits_chunk,
-      Distribution.of(cfg, codec).context,
       _plan(spec, state, codec, cfg, traj.tokens.shape[0]),
     )
     grad_fn = jax.value_and_grad(objective, has_aux=True)
@@ -548,8 +536,7 @@ def _expert_episodes(spec, state, codec, key, part, on_batch):
     cfg,
     key,
     on_batch,
-    spec.sft.expert,
-    spec.sft.search_tries,
+    ExpertPlay(spec.sft.expert, spec.sft.search_tries),
     reasoning,
   )
   return traj, found, reasoning

@@ -16,6 +16,7 @@ uninterrupted one would.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -115,6 +116,18 @@ def score_rewards(
   )
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedPrompts:
+  """How the passes over a batch compute its rows' shared prompts once
+  (``algo.prefix``): each row's shared tokens (``prefix [B]``), what a
+  pass is given for them (``share(prefix)``), and the micro-batches that
+  keep the passes within the token budget (``micro``)."""
+
+  prefix: jax.Array
+  share: Callable[[jax.Array], Any]
+  micro: int
+
+
 def score_models(
   spec: StepSpec,
   state: TrainState,
@@ -122,26 +135,26 @@ def score_models(
   tokens: jax.Array,
   turns: jax.Array,
   scored: Scored,
-  micro: int = 0,
-  share: Callable[[jax.Array], Any] = lambda prefix: None,
-  prefix: jax.Array | None = None,
+  shared: SharedPrompts | None = None,
 ) -> Scored:
   """``scored`` with the reference's log-probabilities (and the KL, in the
   rewards if ``algo.kl_in_reward``) and the critic's values on the
   episodes ``tokens [B, L']`` (``L'`` holding every generated token;
-  ``turns [B, L]``, their tokens' turns, at least as long), in ``micro``
-  micro-batches (0: as ``algo.micro_batch_tokens`` asks), the rows'
-  shared prompts computed once where ``share(prefix)`` says so
-  (``prefix [B]``: each row's shared tokens, ``algo.prefix``)."""
+  ``turns [B, L]``, their tokens' turns, at least as long), the rows'
+  shared prompts computed once as ``shared`` says (None: each row whole,
+  in the micro-batches ``algo.micro_batch_tokens`` asks for)."""
   learner, algo, dist = spec.learner, spec.algo, spec.distribution(codec)
   positions, mask = scored.positions, scored.mask
   ref_logp, rewards, values = scored.ref_logp, scored.rewards, scored.values
-  if prefix is None:
-    prefix = jnp.zeros(tokens.shape[:1], jnp.int32)
+  if shared is None:
+    shared = SharedPrompts(
+      jnp.zeros(tokens.shape[:1], jnp.int32), lambda prefix: None, 0
+    )
+  share = shared.share
   # Forward passes only, within the update's token budget.
-  passes = lambda fn: in_micro_batches(fn, algo.micro_batch_tokens, micro)(
-    tokens, positions, turns, prefix
-  )
+  passes = lambda fn: in_micro_batches(
+    fn, algo.micro_batch_tokens, shared.micro
+  )(tokens, positions, turns, shared.prefix)
   if algo.uses_reference:
     reference = nnx.merge(
       learner.policy_def,
@@ -197,7 +210,13 @@ def score_batch(
       return score_models(spec, state, codec, t, turns, scored)
     share = lambda prefix: plan.shared(prefix, n)
     return score_models(
-      spec, state, codec, t, turns, scored, micro, share, prefix
+      spec,
+      state,
+      codec,
+      t,
+      turns,
+      scored,
+      SharedPrompts(prefix, share, micro),
     )
 
   return at_length(lengths, needed, fn, tokens, cut)[0]

@@ -462,10 +462,9 @@ def _row_prefill(
   against the cache's slots up to the furthest position any query needs
   (rounded up to a block: one compiled branch per length, ``lax.switch``).
 
-  On CPU a sequence's scores against the cache stay in cache, which is
-  about 3x faster for a turn's prompt than the block loop (that loop
-  streams its blocks: the better choice for one query, and on
-  accelerators).
+  On CPU a sequence's scores against the cache stay in cache, which for
+  a turn's prompt beats the block loop (that loop streams its blocks: the
+  better choice for one query, and on accelerators).
   """
   size = k.shape[2]
   blk = max(ATTENTION_BLOCK, -(-size // MAX_PREFILL_LENGTHS))

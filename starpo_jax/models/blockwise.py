@@ -150,9 +150,14 @@ def _row_forward(q, k, v, turns, size, kp, vp, plen):
   return o, jnp.concatenate(lses, axis=2)
 
 
-def _row_backward(q, k, v, turns, o, lse, do, size, kp, vp, plen):
+def _row_backward(q, k, v, turns, size, prefix, outputs):
   """Gradients of one sequence's attention (and of its prefix's keys and
-  values), probabilities recomputed."""
+  values), probabilities recomputed. ``prefix``: the prefix's keys, values
+  and length (``kp``, ``vp``, ``plen``, as ``_row_forward`` takes them);
+  ``outputs``: the forward's output and log-sum-exp, and the output's
+  gradient."""
+  kp, vp, plen = prefix
+  o, lse, do = outputs
   t, n, h = q.shape
   kv = k.shape[1]
   p = 0 if kp is None else kp.shape[0]
@@ -212,7 +217,7 @@ def _row_attention_fwd(q, k, v, turns, size, kp, vp, plen):
 def _row_attention_bwd(size, res, do):
   q, k, v, turns, kp, vp, plen, o, lse = res
   dq, dk, dv, dkp, dvp = jax.lax.map(
-    lambda x: _row_backward(*x[:4], x[4], x[5], x[6], size, *x[7:]),
+    lambda x: _row_backward(*x[:4], size, x[7:], x[4:7]),
     (q, k, v, turns, o, lse, do, kp, vp, plen),
     batch_size=_group(q, k, kp),
   )

@@ -222,8 +222,8 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 def open_file(path: str) -> GGUFFile:
   """``GGUFFile(path)``, opened once per process while the file is
   unchanged: gguf's reader parses every metadata field when it opens a
-  file (SmolLM2's vocabulary and merges: about 5 s on a 2-core CPU), and a
-  run reads the config, the tokenizer and the weights."""
+  file (SmolLM2's vocabulary and merges: seconds), and a run reads the
+  config, the tokenizer and the weights."""
   stat = os.stat(path) if os.path.isfile(path) else None
   key = (stat.st_mtime_ns, stat.st_size) if stat else None
   return _opened(path, key) if key else GGUFFile(path)

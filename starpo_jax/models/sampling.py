@@ -103,8 +103,8 @@ def sample(
 
 def first_max(x: jax.Array) -> jax.Array:
   """``jnp.argmax(x, axis=-1)`` (the first of equal maxima) as two plain
-  reductions: XLA:CPU's fused argmax over a 49,152-token vocabulary took
-  8 ms a decode step for 8 rows, a twentieth of the step."""
+  reductions: XLA:CPU runs a fused argmax over a 49,152-token vocabulary
+  as a scalar loop, where two reductions vectorise."""
   top = jnp.max(x, axis=-1, keepdims=True)
   index = jnp.arange(x.shape[-1], dtype=jnp.int32)
   return jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)

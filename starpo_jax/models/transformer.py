@@ -39,8 +39,7 @@ class KVCache:
 
   One array per layer, head-major: single-token decoding streams each
   head's keys once, and the per-token writes happen in place (a stacked
-  ``[layers, ...]`` cache measured 5x slower on CPU, the layer slices being
-  copied every step).
+  ``[layers, ...]`` cache copies its layer slices every step on CPU).
   """
 
   k: tuple[jax.Array, ...]  # per layer [B, kv_heads, S, head_dim]

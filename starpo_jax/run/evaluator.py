@@ -131,11 +131,27 @@ def held_out_key(seed: int) -> jax.Array:
   return jax.random.fold_in(jax.random.key(seed), HELD_OUT_CHILD)
 
 
+@dataclasses.dataclass(frozen=True)
+class Plays:
+  """What an evaluation plays: ``episodes`` held-out levels of the run's
+  ``seed`` (``held_out_key``), each ``samples`` times (pass@samples), at
+  each of ``temperatures``; whether it keeps their ``transcripts``; and
+  the environments whose episodes it pools into one success (``pooled``,
+  a mixture's parts)."""
+
+  episodes: int
+  temperatures: tuple[float, ...]
+  seed: int
+  transcripts: bool
+  samples: int = 1
+  pooled: tuple[str, ...] = ()
+
+
 class Evaluator:
   """Jitted held-out rollouts for each evaluation environment and
   temperature; ``evaluator(params) -> (metrics, transcripts)``.
 
-  ``episodes`` levels, each played ``samples`` times (pass@samples). Metrics
+  ``plays.episodes`` levels, each played ``plays.samples`` times. Metrics
   are named ``{env}/{stat}`` at the first temperature and
   ``{env}/{stat}@t{T}`` at the others; success comes with its 95% Wilson
   interval (``success_lo``, ``success_hi``), and ``{env}/random_success``
@@ -152,19 +168,15 @@ class Evaluator:
     codecs: dict[str, Any],
     rollout_cfg: rollout_lib.RolloutConfig,
     policy_def: Any,
-    episodes: int,
-    temperatures: tuple[float, ...],
-    seed: int,
+    plays: Plays,
     tokenizer: Tokenizer,
-    transcripts: bool,
     mesh: Any = None,
-    samples: int = 1,
-    pooled: tuple[str, ...] = (),
   ) -> None:
-    self.pooled = pooled
-    self.temperatures = tuple(float(t) for t in temperatures)
-    self.tokenizer, self.transcripts = tokenizer, transcripts
-    self.samples = samples
+    self.pooled = plays.pooled
+    self.temperatures = tuple(float(t) for t in plays.temperatures)
+    self.tokenizer, self.transcripts = tokenizer, plays.transcripts
+    self.samples = samples = plays.samples
+    episodes, seed = plays.episodes, plays.seed
     self.action_names = {n: e.spec.action_names for n, e in envs.items()}
     # Python environments' faults of the last evaluation, per episode.
     self.envs = {n: batched(e) for n, e in envs.items()}
@@ -442,12 +454,14 @@ def make_evaluator(
     codecs=setup.eval_codecs,
     rollout_cfg=setup.config.rollout,
     policy_def=learner.policy_def,
-    episodes=pick(episodes, t.eval_episodes),
-    temperatures=tuple(pick(temperatures, t.eval_temperatures)),
-    seed=setup.config.seed,
+    plays=Plays(
+      episodes=pick(episodes, t.eval_episodes),
+      temperatures=tuple(pick(temperatures, t.eval_temperatures)),
+      seed=setup.config.seed,
+      transcripts=pick(transcripts, t.transcripts),
+      samples=samples,
+      pooled=setup.env.tags if isinstance(setup.env, Mixture) else (),
+    ),
     tokenizer=setup.tokenizer,
-    transcripts=pick(transcripts, t.transcripts),
     mesh=setup.mesh,
-    samples=samples,
-    pooled=setup.env.tags if isinstance(setup.env, Mixture) else (),
   )

@@ -18,8 +18,8 @@ from starpo_jax.run import files
 def _without_torch() -> type:
   """tensorboardX's ``SummaryWriter``, imported with PyTorch hidden:
   tensorboardX imports torch at import time where it is installed (only
-  to accept torch tensors, which nothing here logs), 1.3 s of every run's
-  start on a 2-core CPU, 3 s under load. torch imports normally after."""
+  to accept torch tensors, which nothing here logs), seconds of every
+  run's start on a CPU. torch imports normally after."""
   if "torch" in sys.modules:
     from tensorboardX import SummaryWriter
   else:

@@ -403,31 +403,47 @@ def _compiled(r: _Run, learner: Learner, compiled: dict, phase: str, state):
   return compiled[phase]
 
 
-def _log(r: _Run, stopper, step: int, phase: str, metrics, state, t0, t_run):
+def _log(
+  run: _Run,
+  stopper: stopping.EarlyStop,
+  step: int,
+  phase: str,
+  metrics,
+  state,
+  step_start: float,
+  run_start: float,
+):
   """The step's metrics on the host, logged (with a held-out evaluation
   where due), and the early-stopping rule's verdict; ``(None, None)`` for
-  a step that logs nothing."""
-  train = r.setup.config.train
-  evaluating = r.evaluating(step)
+  a step that logs nothing.
+
+  Args:
+    phase: ``"sft"`` (the warm start) or ``"rl"``.
+    metrics: the step's metrics, still on the device.
+    step_start: when the step started (``time.perf_counter()``).
+    run_start: when this process started the run.
+  """
+  train = run.setup.config.train
+  evaluating = run.evaluating(step)
   watching = train.early_stop.enabled and phase == "rl"
   if not (evaluating or watching or step % train.log_every == 0):
     return None, None
-  metrics = _host_metrics(metrics, t0)
+  metrics = _host_metrics(metrics, step_start)
   if evaluating:
-    metrics.update(r.evaluate(step, state.policy))
+    metrics.update(run.evaluate(step, state.policy))
   # Wall time since this process started the run, compiles included.
-  metrics["time/elapsed_s"] = time.perf_counter() - t_run
+  metrics["time/elapsed_s"] = time.perf_counter() - run_start
   stopped = None
   if phase == "rl":
     # The reward spread relative to its early level, rules on or off.
     stopped = stopper.after_step(metrics)
     if watching and stopped is None and "eval/success" in metrics:
       stopped = stopper.after_eval(metrics["eval/success"])
-  r.writer.write(step, metrics)
-  r.progress.update(step, metrics)
-  if evaluating and step == r.sft_steps:
-    r.print(f"after {step} warm-start steps: {r.describe(metrics)}")
-  r.check_finite(step, metrics)
+  run.writer.write(step, metrics)
+  run.progress.update(step, metrics)
+  if evaluating and step == run.sft_steps:
+    run.print(f"after {step} warm-start steps: {run.describe(metrics)}")
+  run.check_finite(step, metrics)
   return metrics, stopped
 
 

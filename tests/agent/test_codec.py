@@ -316,10 +316,12 @@ def test_turn_chunks_decode_to_the_reference_prompt(style):
     ids, count = codec.turn_chunk(
       jnp.int32(case["turn"]),
       row,
-      jnp.float32(case["reward"]),
-      jnp.bool_(case["warn"]),
-      jnp.int32(case["actions_left"]),
-      jnp.bool_(case["ended_by_stop"]),
+      codec_lib.LastTurn(
+        jnp.float32(case["reward"]),
+        jnp.bool_(case["warn"]),
+        jnp.int32(case["actions_left"]),
+        jnp.bool_(case["ended_by_stop"]),
+      ),
       size,
       5,
       10,

@@ -19,6 +19,7 @@ from reference import envs as ref
 from reference import text as ref_text
 from starpo_jax.agent import rollout
 from starpo_jax.algo import experts, logprobs, sft
+from starpo_jax.algo.spec import Distribution
 from starpo_jax.run import assembly
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import (
@@ -52,8 +53,7 @@ def expert_episodes(setup, key, expert: str = "planner"):
       replies,
       cfg,
       key,
-      expert=expert,
-      tries=setup.config.sft.search_tries,
+      expert=experts.ExpertPlay(expert, setup.config.sft.search_tries),
     )
   )(setup.codec, key)
   return cfg, traj, found
@@ -308,8 +308,7 @@ def test_think_mode_imitates_reasoning_and_answer():
       learner.policy_def,
       traj,
       cfg.max_generated,
-      1.0,
-      codec.allowed,
+      Distribution(1.0, codec.allowed),
       64,
       traj.length > 0,
     )[0]
@@ -489,8 +488,7 @@ def test_keeping_successes_imitates_only_the_episodes_that_succeeded():
     learner.policy_def,
     t,
     cfg.max_generated,
-    setup.config.rollout.temperature,
-    setup.codec.allowed,
+    Distribution(setup.config.rollout.temperature, setup.codec.allowed),
     setup.config.algo.logits_chunk,
     keep,
   )[0]
