@@ -3,6 +3,12 @@ evaluations write: no figure is typed into Markdown by hand.
 
   python -m experiments.doc_tables           # rewrites every table
   python -m experiments.doc_tables --check   # exits 1 naming a stale one
+  python -m experiments.doc_tables --show learning \
+    docs/data/learning_rl_alone_sokoban.json  # any JSON's table, printed
+
+The docs show each study's headline tables; ``--show KIND FILE
+[OPTION=VALUE ...]`` prints any other table a JSON holds (every seed,
+every variant, every setting) as a document would show it.
 
 A table in a document sits between two markers naming its renderer and
 its JSON file (and, for benchmark rows, which suites):
@@ -246,6 +252,32 @@ def caption(data: Any, file: str) -> str:
   return f"From {len(cpus)} tables, by machine: {counts} (`{file}`)."
 
 
+def one_table(
+  kind: str, file: str, options: dict[str, str], where: str = ""
+) -> str:
+  """The table ``kind`` renders from ``file`` (a path from the
+  repository's root) with ``options``, and the line naming its machine.
+
+  Raises:
+    ValueError: an unknown renderer or option, or a JSON file missing,
+      naming ``where`` it was asked for.
+  """
+  if kind not in RENDERERS:
+    raise ValueError(
+      f"{where}: table renderer {kind!r} unknown; known: {sorted(RENDERERS)}"
+    )
+  path = ROOT / file
+  if not path.is_file():
+    raise ValueError(f"{where}: table from {file}, which does not exist")
+  data = json.loads(path.read_text())
+  try:
+    table = RENDERERS[kind](data, **options)
+  except TypeError as e:
+    raise ValueError(f"{where}: table {kind} {file}: {e}") from None
+  note = caption(data, file)
+  return table.rstrip("\n") + (f"\n\n{note}" if note else "")
+
+
 def render(text: str, where: str = "") -> str:
   """``text`` with every table block rendered from its JSON.
 
@@ -255,22 +287,8 @@ def render(text: str, where: str = "") -> str:
   """
 
   def one(m: re.Match) -> str:
-    kind, file = m["kind"], m["file"]
-    if kind not in RENDERERS:
-      raise ValueError(
-        f"{where}: table renderer {kind!r} unknown; known: {sorted(RENDERERS)}"
-      )
-    path = ROOT / file
-    if not path.is_file():
-      raise ValueError(f"{where}: table from {file}, which does not exist")
     options = dict(o.split("=", 1) for o in m["options"].split())
-    data = json.loads(path.read_text())
-    try:
-      table = RENDERERS[kind](data, **options)
-    except TypeError as e:
-      raise ValueError(f"{where}: table {kind} {file}: {e}") from None
-    note = caption(data, file)
-    table = table.rstrip("\n") + (f"\n\n{note}" if note else "")
+    table = one_table(m["kind"], m["file"], options, where)
     return m.group(1) + table + "\n" + m.group(6)
 
   return BLOCK.sub(one, text)
@@ -294,7 +312,25 @@ def main(argv: list[str] | None = None) -> list[str]:
   parser.add_argument(
     "--check", action="store_true", help="change nothing; exit 1 if stale"
   )
+  parser.add_argument(
+    "--show",
+    nargs="+",
+    metavar="ARG",
+    help="KIND FILE [OPTION=VALUE ...]: print one table "
+    f"(KIND: {', '.join(sorted(RENDERERS))})",
+  )
   args = parser.parse_args(argv)
+  if args.show:
+    if len(args.show) < 2 or any("=" not in o for o in args.show[2:]):
+      parser.error(
+        f"--show takes KIND FILE [OPTION=VALUE ...], not {args.show}"
+      )
+    kind, file, *options = args.show
+    try:
+      print(one_table(kind, file, dict(o.split("=", 1) for o in options)))
+    except ValueError as e:
+      parser.error(str(e).lstrip(": "))
+    return []
   out = stale()
   if args.check:
     for path in out:

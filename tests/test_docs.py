@@ -121,9 +121,10 @@ def test_every_table_matches_the_json_it_is_rendered_from():
   assert doc_tables.stale() == [], "run python -m experiments.doc_tables"
   # A figure typed over its JSON's is caught.
   text = (ROOT / "docs" / "benchmarks.md").read_text()
-  assert "<!-- table run docs/data/bench_tiny.json -->" in text
-  start = text.index("<!-- table run docs/data/bench_tiny.json -->")
-  cell = re.search(r"\| steps/s \| (\d)", text[start:])
+  marker = "<!-- table run docs/data/bench_tiny.json suites="
+  assert marker in text
+  start = text.index(marker)
+  cell = re.search(r"\| generated tokens/s \| (\d)", text[start:])
   digit = str((int(cell[1]) + 1) % 10)
   at = start + cell.start(1)
   planted = text[:at] + digit + text[at + 1 :]
@@ -155,7 +156,7 @@ def test_each_table_names_the_machine_its_json_was_measured_on():
       missing = [w for w in expected if w not in last]
       assert not missing, f"{path.name}: {block['file']}'s table: {missing}"
       named += 1
-  assert named > 50
+  assert named > 15
 
 
 # A measured figure: an interval, a decimal ratio, percentage or time.
@@ -203,3 +204,20 @@ def test_no_table_of_figures_is_typed_by_hand(path):
 def test_the_readme_stays_short():
   lines = (ROOT / "README.md").read_text().count("\n")
   assert lines <= 250, f"README.md has {lines} lines; the docs hold the rest"
+
+
+# A reader finds each answer in a few pages: every page within its limit,
+# the whole under its own, the figures' JSON in a folder of its own.
+MAX_PAGE_LINES = 400
+MAX_DOCS_LINES = 2000
+
+
+def test_the_docs_stay_a_few_pages():
+  pages = sorted((ROOT / "docs").glob("*.md"))
+  lines = {p.name: p.read_text().count("\n") for p in pages}
+  assert len(lines) >= 5, lines
+  long = {name: n for name, n in lines.items() if n > MAX_PAGE_LINES}
+  assert not long, f"pages over {MAX_PAGE_LINES} lines: {long}"
+  assert sum(lines.values()) < MAX_DOCS_LINES, lines
+  assert not list((ROOT / "docs").glob("*.json")), "JSON goes in docs/data/"
+  assert list((ROOT / "docs" / "data").glob("*.json"))
