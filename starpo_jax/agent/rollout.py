@@ -294,20 +294,20 @@ def _play(
   chunk = codec.turn_chunk_size(cfg.max_turns, cfg.max_actions_per_traj)
   carry = constrain(_start(model, codec, env, cfg, states, k_sample, chunk))
 
-  def turn_body(c: Carry, turn: jax.Array) -> tuple[Carry, TurnRecord]:
-    return _turn(model, codec, env, cfg, c, turn, chunk, constrain)
+  def turn_body(carry: Carry, turn: jax.Array) -> tuple[Carry, TurnRecord]:
+    return _turn(model, codec, env, cfg, carry, turn, chunk, constrain)
 
-  c, turns = jax.lax.scan(turn_body, carry, jnp.arange(cfg.max_turns))
+  final, turns = jax.lax.scan(turn_body, carry, jnp.arange(cfg.max_turns))
   turns = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), turns)  # [B, K]
   crop = lambda x: x[:, : cfg.max_context]
   return Trajectory(
-    tokens=crop(c.tokens),
-    length=c.cache.length,
-    loss_mask=crop(c.loss_mask),
-    turn_ids=crop(c.turn_ids),
-    logprobs=crop(c.logprobs),
-    entropy=crop(c.entropy),
-    rewards=crop(c.rewards),
+    tokens=crop(final.tokens),
+    length=final.cache.length,
+    loss_mask=crop(final.loss_mask),
+    turn_ids=crop(final.turn_ids),
+    logprobs=crop(final.logprobs),
+    entropy=crop(final.entropy),
+    rewards=crop(final.rewards),
     turn_rewards=turns.reward,
     turn_played=turns.played,
     response_lengths=turns.response_length,
@@ -321,11 +321,11 @@ def _play(
     turn_tool=turns.tool,
     decode_steps=turns.decode_steps,
     decode_slots=turns.decode_slots,
-    num_actions=c.used,
+    num_actions=final.used,
     episode_return=jnp.sum(turns.reward, axis=-1),
-    success=c.success & c.terminated,
-    terminated=c.terminated,
-    context_truncated=c.context_truncated,
-    env_error=env.failed(c.states),
-    obs_truncated=env.cut(c.states) + c.results_cut,
+    success=final.success & final.terminated,
+    terminated=final.terminated,
+    context_truncated=final.context_truncated,
+    env_error=env.failed(final.states),
+    obs_truncated=env.cut(final.states) + final.results_cut,
   )

@@ -225,7 +225,7 @@ def prompt(
 
 
 def hidden_turns(
-  codec: Codec, cfg: RolloutConfig, c: Carry, turn: jax.Array
+  codec: Codec, cfg: RolloutConfig, carry: Carry, turn: jax.Array
 ) -> jax.Array:
   """``[B, 2]``: the cache slots turn ``turn`` does not see, those of the
   turns before the last ``cfg.visible_turns`` (from the system prompt's
@@ -236,8 +236,8 @@ def hidden_turns(
   # This turn begins where the context ends; earlier ones were recorded.
   begins = jnp.where(
     first == turn,
-    c.cache.length,
-    c.turn_start[:, jnp.clip(first, 0, c.turn_start.shape[1] - 1)],
+    carry.cache.length,
+    carry.turn_start[:, jnp.clip(first, 0, carry.turn_start.shape[1] - 1)],
   )
   end = jnp.where(first > 0, begins, system)
   return jnp.stack([jnp.full_like(end, system), end], axis=1)
@@ -277,11 +277,11 @@ def reprefill(
 
 
 def observations(
-  codec: Codec, env: BatchEnv, c: Carry
+  codec: Codec, env: BatchEnv, carry: Carry
 ) -> tuple[jax.Array, jax.Array]:
   """What each episode is shown this turn, as tokens and their count:
   its observation, after the last turn's tool result where it has one."""
-  obs = codec.render_batch(*env.render(c.states))
+  obs = codec.render_batch(*env.render(carry.states))
   if codec.tools is None:
     return obs
   return jax.vmap(
@@ -292,7 +292,7 @@ def observations(
       ],
       codec.obs_width,
     )
-  )(c.result, c.result_length, *obs)
+  )(carry.result, carry.result_length, *obs)
 
 
 def prefill(
@@ -339,53 +339,65 @@ def prefill(
 
 
 def decode_token(
-  model: Policy, codec: Codec, cfg: RolloutConfig, turn: jax.Array, d: Decode
+  model: Policy,
+  codec: Codec,
+  cfg: RolloutConfig,
+  turn: jax.Array,
+  decoding: Decode,
 ) -> Decode:
   """Samples one token for every live sequence, records it and feeds it
   back; a sequence stops at ``</answer>``, a chat stop token or the
   context's end."""
-  key, sub = jax.random.split(d.key)
+  key, sub = jax.random.split(decoding.key)
   # A key per row, so a row samples the same tokens wherever ``decode``
   # has gathered it.
   with jax.named_scope("sample"):
-    keys = jax.vmap(jax.random.fold_in, (None, 0))(sub, d.rows)
-    tok, logp = sampling.sample(keys, d.logits, cfg.sampling, codec.allowed)
-    dist = sampling.policy_logprobs(d.logits, cfg.temperature, codec.allowed)
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(sub, decoding.rows)
+    tok, logp = sampling.sample(
+      keys, decoding.logits, cfg.sampling, codec.allowed
+    )
+    dist = sampling.policy_logprobs(
+      decoding.logits, cfg.temperature, codec.allowed
+    )
     ent = -jnp.sum(jnp.exp(dist) * dist, axis=-1)
-  pos, live = d.cache.length, d.live
+  pos, live = decoding.cache.length, decoding.live
   with jax.named_scope("stop"):
-    stop_state, hit = codec.stop_step(d.stop_state, tok)
-    tool_state = d.tool_state
+    stop_state, hit = codec.stop_step(decoding.stop_state, tok)
+    tool_state = decoding.tool_state
     if codec.tools is not None:
-      tool_state, tool_hit = codec.tool_stop_step(d.tool_state, tok)
+      tool_state, tool_hit = codec.tool_stop_step(decoding.tool_state, tok)
       hit = hit | tool_hit
   with jax.named_scope("forward"):
-    logits, cache = model(tok[:, None], d.cache, live.astype(jnp.int32))
+    logits, cache = model(tok[:, None], decoding.cache, live.astype(jnp.int32))
   stop_ids = jnp.asarray(codec.stop_ids, jnp.int32)
   stop = hit | jnp.isin(tok, stop_ids) | (cache.length >= cfg.max_context)
   return Decode(
-    step=d.step + 1,
-    slots=d.slots + live.shape[0],
+    step=decoding.step + 1,
+    slots=decoding.slots + live.shape[0],
     logits=logits[:, 0],
     live=live & ~stop,
-    stop_state=jnp.where(live, stop_state, d.stop_state),
-    tool_state=jnp.where(live, tool_state, d.tool_state),
-    reply=d.reply.at[:, d.step].set(jnp.where(live, tok, 0)),
-    count=d.count + live,
-    last=jnp.where(live, tok, d.last),
+    stop_state=jnp.where(live, stop_state, decoding.stop_state),
+    tool_state=jnp.where(live, tool_state, decoding.tool_state),
+    reply=decoding.reply.at[:, decoding.step].set(jnp.where(live, tok, 0)),
+    count=decoding.count + live,
+    last=jnp.where(live, tok, decoding.last),
     cache=cache,
-    tokens=set_at(d.tokens, pos, tok, live),
-    loss_mask=set_at(d.loss_mask, pos, jnp.ones_like(live), live),
-    logprobs=set_at(d.logprobs, pos, logp, live),
-    entropy=set_at(d.entropy, pos, ent, live),
-    turn_ids=set_at(d.turn_ids, pos, jnp.full_like(tok, turn), live),
-    rows=d.rows,
+    tokens=set_at(decoding.tokens, pos, tok, live),
+    loss_mask=set_at(decoding.loss_mask, pos, jnp.ones_like(live), live),
+    logprobs=set_at(decoding.logprobs, pos, logp, live),
+    entropy=set_at(decoding.entropy, pos, ent, live),
+    turn_ids=set_at(decoding.turn_ids, pos, jnp.full_like(tok, turn), live),
+    rows=decoding.rows,
     key=key,
   )
 
 
 def decode(
-  model: Policy, codec: Codec, cfg: RolloutConfig, turn: jax.Array, d: Decode
+  model: Policy,
+  codec: Codec,
+  cfg: RolloutConfig,
+  turn: jax.Array,
+  decoding: Decode,
 ) -> Decode:
   """Decodes until every sequence stopped or ``max_new_tokens`` (the
   loops' bound, named for ``hlo_cost``).
@@ -399,29 +411,40 @@ def decode(
   # A policy whose rows are told apart by their place cannot move rows.
   shrinks = 0 if model.depends_on_row else cfg.decode_shrinks
   with jax.named_scope("decode"):
-    return _decode(model, codec, cfg, turn, d, shrinks)
+    return _decode(model, codec, cfg, turn, decoding, shrinks)
 
 
-def _decode(model, codec, cfg, turn, d: Decode, shrinks: int) -> Decode:
-  """``decode`` on ``d``'s rows, which may halve ``shrinks`` more times."""
-  size = d.live.shape[0]
+def _decode(model, codec, cfg, turn, decoding: Decode, shrinks: int) -> Decode:
+  """``decode`` on ``decoding``'s rows, halving them up to ``shrinks``
+  more times."""
+  size = decoding.live.shape[0]
   half = size // 2
-  step = lambda d: decode_token(model, codec, cfg, turn, d)
-  going = lambda d: (d.step < cfg.max_new_tokens) & jnp.any(d.live)
+  step = lambda decoding: decode_token(model, codec, cfg, turn, decoding)
+  going = lambda decoding: (
+    (decoding.step < cfg.max_new_tokens) & jnp.any(decoding.live)
+  )
   if shrinks == 0 or half == 0:
-    return jax.lax.while_loop(going, step, d)
-  d = jax.lax.while_loop(lambda d: going(d) & (jnp.sum(d.live) > half), step, d)
+    return jax.lax.while_loop(going, step, decoding)
+  decoding = jax.lax.while_loop(
+    lambda decoding: going(decoding) & (jnp.sum(decoding.live) > half),
+    step,
+    decoding,
+  )
 
-  def shrunk(d: Decode) -> Decode:
+  def shrunk(decoding: Decode) -> Decode:
     # The live rows, then rows past the end (never written back).
-    (at,) = jnp.nonzero(d.live, size=half, fill_value=size)
+    (at,) = jnp.nonzero(decoding.live, size=half, fill_value=size)
     take = lambda x: x[at] if x.ndim else x
-    part = jax.tree.map(take, d).replace(live=d.live[at] & (at < size))
+    part = jax.tree.map(take, decoding).replace(
+      live=decoding.live[at] & (at < size)
+    )
     part = _decode(model, codec, cfg, turn, part, shrinks - 1)
     put = lambda x, y: x.at[at].set(y, mode="drop") if x.ndim else y
-    return jax.tree.map(put, d, part)
+    return jax.tree.map(put, decoding, part)
 
-  return jax.lax.cond(going(d), shrunk, lambda d: d, d)
+  return jax.lax.cond(
+    going(decoding), shrunk, lambda decoding: decoding, decoding
+  )
 
 
 def act(
@@ -571,23 +594,25 @@ def record(
   active: jax.Array,
   reply: Reply,
   acting: Acting,
-  s: Scored,
+  scored: Scored,
 ) -> TurnRecord:
   """What the turn leaves in the trajectory's per-turn arrays."""
   decoded, parsed = reply.decoded, reply.parsed
-  matched = s.answered & parsed.matched
+  matched = scored.answered & parsed.matched
   return TurnRecord(
-    reward=jnp.where(active, s.reward, 0.0),
+    reward=jnp.where(active, scored.reward, 0.0),
     played=active,
     response_length=jnp.where(active, decoded.count, 0),
-    format_ok=matched | (s.called & ~s.malformed),
+    format_ok=matched | (scored.called & ~scored.malformed),
     thought=active & parsed.thought,
     think_tokens=jnp.where(matched, parsed.think_tokens, 0),
-    valid=s.answered & (s.num_valid > 0) & (s.num_valid == parsed.num_parts),
+    valid=scored.answered
+    & (scored.num_valid > 0)
+    & (scored.num_valid == parsed.num_parts),
     effective=active & acting.effective,
-    penalized=s.penalized,
+    penalized=scored.penalized,
     actions=acting.executed.T,
-    tool=s.called,
+    tool=scored.called,
     decode_steps=jnp.full_like(decoded.count, decoded.step),
     decode_slots=jnp.full(
       decoded.count.shape, decoded.slots / decoded.count.shape[0]

@@ -214,19 +214,19 @@ def _restore(run: _Run, state: TrainState) -> TrainState:
   return state
 
 
-def _evaluate_start(r: _Run, state: TrainState, t_run: float) -> None:
+def _evaluate_start(run: _Run, state: TrainState, t_run: float) -> None:
   """Step 0's held-out evaluation, of the untrained (or loaded) policy."""
-  start = "starting policy" if r.setup.config.train.init_from else "untrained"
-  t = r.setup.config.train
+  start = "starting policy" if run.setup.config.train.init_from else "untrained"
+  t = run.setup.config.train
   temps = " and ".join(f"t={x:g}" for x in t.eval_temperatures)
-  r.print(
+  run.print(
     f"evaluating the {start} policy on {t.eval_episodes} held-out levels "
     f"at {temps} (each compiles on first use)"
   )
-  first = r.evaluate(0, state.policy, verbose=True)
+  first = run.evaluate(0, state.policy, verbose=True)
   first["time/elapsed_s"] = time.perf_counter() - t_run
-  r.writer.write(0, first)
-  r.print(f"{start}: {r.describe(first)}")
+  run.writer.write(0, first)
+  run.print(f"{start}: {run.describe(first)}")
 
 
 def brief(setup: assembly.Setup, parameters: int, workdir: str) -> list[str]:
@@ -341,65 +341,67 @@ def _start_rl(setup: assembly.Setup, learner: Learner, state: Any) -> Any:
   )
 
 
-def _loop(r: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
+def _loop(run: _Run, learner: Learner, t_run: float) -> dict[str, Any]:
   """``run``'s steps, from the workdir's checkpoint to the end, an early
   stop or a preemption."""
-  setup = r.setup
+  setup = run.setup
   state = assembly.init_state(setup, learner)
   parameters = sum(x.size for x in jax.tree.leaves(state.policy))
-  for line in brief(setup, parameters, r.workdir):
-    r.print(line)
-  state = _restore(r, state)
-  r.save_config()
+  for line in brief(setup, parameters, run.workdir):
+    run.print(line)
+  state = _restore(run, state)
+  run.save_config()
   compiled = {}
   codec = sharding.replicate(setup.codec, setup.mesh)
   last: dict[str, float] = {}
   stopper = stopping.EarlyStop(setup.config.train.early_stop)
   stopped = preempted = None
   step = int(sharding.local_value(state.step))
-  if step == 0 and r.evaluating(0):
-    _evaluate_start(r, state, t_run)
-  while step < r.total:
+  if step == 0 and run.evaluating(0):
+    _evaluate_start(run, state, t_run)
+  while step < run.total:
     t0 = time.perf_counter()
-    phase = "sft" if step < r.sft_steps else "rl"
-    run_step = _compiled(r, learner, compiled, phase, state)
-    r.profile.before(step + 1)
+    phase = "sft" if step < run.sft_steps else "rl"
+    run_step = _compiled(run, learner, compiled, phase, state)
+    run.profile.before(step + 1)
     state, metrics = run_step(state, codec)
     step += 1
-    r.profile.after(step, metrics)
-    if step == r.sft_steps:
+    run.profile.after(step, metrics)
+    if step == run.sft_steps:
       state = _start_rl(setup, learner, state)
-    logged, stopped = _log(r, stopper, step, phase, metrics, state, t0, t_run)
+    logged, stopped = _log(run, stopper, step, phase, metrics, state, t0, t_run)
     last = logged or last
     # A signal stops the run at a step boundary, where it checkpoints;
     # the metrics of the steps run stay as an uninterrupted run logs them.
-    preempted = r.preemption.signal if r.preemption.requested(step) else None
-    if r.checkpointing(step) or stopped or preempted:
-      r.ckpt.save(step, state, r.base)
+    preempted = (
+      run.preemption.signal if run.preemption.requested(step) else None
+    )
+    if run.checkpointing(step) or stopped or preempted:
+      run.ckpt.save(step, state, run.base)
     if stopped:
-      r.stop_early(step, stopped)
+      run.stop_early(step, stopped)
       break
     if preempted:
-      r.ckpt.wait()
-      r.print(
-        f"stopped by {preempted} after step {step} of {r.total}: checkpoint "
-        f"saved in {r.workdir}; the same command resumes the run"
+      run.ckpt.wait()
+      run.print(
+        f"stopped by {preempted} after step {step} of {run.total}: checkpoint "
+        f"saved in {run.workdir}; the same command resumes the run"
       )
       break
   seconds = time.perf_counter() - t_run
-  return _summary(r, step, seconds, last, stopped, preempted)
+  return _summary(run, step, seconds, last, stopped, preempted)
 
 
-def _compiled(r: _Run, learner: Learner, compiled: dict, phase: str, state):
+def _compiled(run: _Run, learner: Learner, compiled: dict, phase: str, state):
   """The phase's jitted step; each compiles when it first runs (a resumed
   run may skip one)."""
   if phase not in compiled:
     name = {"sft": "warm-start", "rl": "RL"}[phase]
-    r.print(f"compiling the {name} step (once; its first call runs it)")
+    run.print(f"compiling the {name} step (once; its first call runs it)")
     build = (
       assembly.compile_sft_step if phase == "sft" else assembly.compile_step
     )
-    compiled[phase] = build(r.setup, state, learner)
+    compiled[phase] = build(run.setup, state, learner)
   return compiled[phase]
 
 
@@ -448,7 +450,7 @@ def _log(
 
 
 def _summary(
-  r: _Run,
+  run: _Run,
   step: int,
   seconds: float,
   last: dict[str, float],
@@ -457,13 +459,13 @@ def _summary(
 ) -> dict[str, Any]:
   """What ``run`` returns, and its closing lines."""
   if "eval/success" in last and not preempted:
-    r.print(f"done: {step} steps in {seconds:.0f}s; {r.describe(last)}")
-  r.print(f"metrics in {r.writer.path}")
+    run.print(f"done: {step} steps in {seconds:.0f}s; {run.describe(last)}")
+  run.print(f"metrics in {run.writer.path}")
   return {
     "steps": step,
     "seconds": seconds,
     "final": last,
-    "eval_success": r.evals,
+    "eval_success": run.evals,
     "early_stop": stopped,
     "preempted": preempted,
   }
