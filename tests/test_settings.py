@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import typing
 from typing import Literal, get_args, get_origin, get_type_hints
 
@@ -124,3 +126,92 @@ def test_a_run_saved_before_a_setting_existed_loads_with_its_default(
   assert loaded.model.lora.rank == 0 and loaded.train.profile == ""
   assert loaded.algo.length_buckets == 4
   assert loaded.rollout.max_context == 320  # what it saved stays
+
+
+# Every bound the sections' comments and errors document, written out from
+# them (not read from the code): (section, setting, the limit, one past it).
+# Integers step by one; a float's "one past" is the next float beyond it.
+def _past(limit, direction):
+  if isinstance(limit, int):
+    return limit + direction
+  return math.nextafter(limit, direction * math.inf)
+
+
+_AT_LEAST_1 = {
+  "rollout": (
+    "chunks env_groups group_size max_turns max_actions_per_turn "
+    "max_actions_per_traj max_new_tokens max_context context_turns"
+  ),
+  "algo": "epochs minibatches logits_chunk length_buckets",
+  "sft": "episodes max_turns search_tries",
+  "diagnostics": "buckets",
+  "train": "log_every checkpoint_every keep_checkpoints",
+  "train.early_stop": "baseline_steps",
+}
+_AT_LEAST_0 = {
+  "rollout": "decode_shrinks",
+  "algo": "clip_high entropy_coef kl_coef value_clip micro_batch_tokens",
+  "filter": "selection_eps value capacity",
+  "sft": "steps warmup_steps reasoning_tokens",
+  "diagnostics": "collapse_every gradients_every",
+  "optim": "weight_decay warmup_steps",
+  "train": "steps eval_episodes max_nonfinite_steps",
+  "train.early_stop": "reward_std_patience success_patience empty_patience",
+}
+_BETWEEN_0_AND_1 = {
+  "algo": "gamma lam turn_gamma clip_low",
+  "optim": "b1 b2",
+  "train.early_stop": "reward_std_fraction min_success",
+}
+
+
+def _bounds():
+  out = []
+
+  def add(table, low, high):
+    for section, names in table.items():
+      hints = get_type_hints(_section_class(section))
+      for name in names.split():
+        kind = hints[name]
+        if low is not None:
+          out.append((section, name, kind(low), _past(kind(low), -1)))
+        if high is not None:
+          out.append((section, name, kind(high), _past(kind(high), 1)))
+
+  add(_AT_LEAST_1, 1, None)
+  add(_AT_LEAST_0, 0, None)
+  add(_BETWEEN_0_AND_1, 0, 1)
+  out.append(("algo", "dual_clip", 1.0, math.nextafter(1.0, 0)))
+  # Rates: any positive number, not zero.
+  for section, name in [
+    ("optim", "lr"),
+    ("optim", "critic_lr"),
+    ("optim", "grad_clip"),
+    ("sft", "lr"),
+  ]:
+    out.append((section, name, 5e-324, 0.0))
+  # Every int setting is held in 32 bits.
+  out.append(("train", "steps", settings.INT_LIMIT, settings.INT_LIMIT + 1))
+  return out
+
+
+def _section_class(section: str):
+  if section == "train.early_stop":
+    return get_type_hints(sections.TrainConfig)["early_stop"]
+  return sections.SECTIONS[section]
+
+
+@pytest.mark.parametrize(
+  "section, name, limit, past",
+  _bounds(),
+  ids=lambda x: x if isinstance(x, str) else repr(x),
+)
+def test_every_documented_bound_holds_at_its_value_and_not_one_past(
+  section, name, limit, past
+):
+  cls = _section_class(section)
+  assert name in {f.name for f in dataclasses.fields(cls)}, (section, name)
+  at_limit = cls(**{name: limit})
+  assert getattr(at_limit, name) == limit
+  with pytest.raises(ValueError, match=rf"{re.escape(section)}: {name}\b"):
+    cls(**{name: past})
