@@ -205,6 +205,48 @@ def test_jitted_parse_equals_the_regex_reference(
     assert 0.05 * matched_count < thought_count < 0.95 * matched_count
 
 
+# RAGEN's grammar on exact replies, the expectations written by hand from
+# it (the prompt has opened "<answer>"; at most 3 actions a turn here):
+# parts split on "||", stripped, empty ones dropped, names matched without
+# case, the first answer block only.
+EXACT_REPLIES = [
+  ("Up || || Left</answer>", True, ["Up", "Left"]),
+  ("Up |||| Left</answer>", True, ["Up", "Left"]),
+  ("Up ||| Left</answer>", True, ["Up", None]),
+  ("||Up||</answer>", True, ["Up"]),
+  ("Up || Down || Left</answer>", True, ["Up", "Down", "Left"]),
+  ("Up || Down || Left || Right</answer>", True, ["Up", "Down", "Left"]),
+  ("up||LEFT</answer>", True, ["Up", "Left"]),
+  ("Up , Left</answer>", True, [None]),
+  ("</answer>", True, []),
+  ("Up</answer> <answer>Down</answer>", True, ["Up"]),
+  ("Up || Left", False, []),
+]
+
+
+@pytest.mark.parametrize("tok_name", ["compact", "bpe"])
+@pytest.mark.parametrize(("reply", "matched", "names"), EXACT_REPLIES)
+def test_the_parser_reads_exact_replies_as_ragens_grammar_says(
+  tok_name, reply, matched, names
+):
+  tok = TOKENIZERS[tok_name]()
+  codec_for(tok_name, "sokoban", False)
+  spec = envs.make("sokoban").spec
+  ids = tok.encode(reply)
+  tokens = np.zeros((1, MAX_TOKENS), np.int32)
+  tokens[0, : len(ids)] = ids
+  got = to_numpy(
+    _parser((tok_name, "sokoban", False))(
+      jnp.asarray(tokens), jnp.asarray([len(ids)], np.int32)
+    )
+  )
+  want = [-1 if n is None else spec.action_names.index(n) for n in names]
+  assert bool(got.matched[0]) == matched
+  assert int(got.num_parts[0]) == len(want)
+  assert list(got.actions[0, : len(want)]) == want
+  assert np.all(got.actions[0, len(want) :] == -1)
+
+
 @pytest.mark.parametrize("think", [False, True])
 def test_text_answers_are_the_reference_answer_bytes(think):
   """An environment with free-text answers (Countdown) gets the answer's
