@@ -321,12 +321,15 @@ def test_micro_batches_give_the_whole_batchs_loss_and_gradient(
 def test_micro_batch_count_follows_the_token_budget():
   assert update_lib.micro_batches(32, 1280, 0) == 1
   assert update_lib.micro_batches(32, 1280, 32 * 1280) == 1
+  # One token under the whole minibatch: two halves.
+  assert update_lib.micro_batches(32, 1280, 32 * 1280 - 1) == 2
   # 6 sequences fit in 8192 tokens; 4 a micro-batch is the largest that
   # divides 32.
   assert update_lib.micro_batches(32, 1280, 8192) == 8
   assert update_lib.micro_batches(32, 1280, 1280) == 32
-  with pytest.raises(ValueError, match="micro_batch_tokens=1000"):
-    update_lib.micro_batches(32, 1280, 1000)
+  # One sequence is the least a micro-batch holds: one token under, refused.
+  with pytest.raises(ValueError, match="micro_batch_tokens=1279"):
+    update_lib.micro_batches(32, 1280, 1279)
 
 
 def test_forward_passes_run_in_micro_batches_of_rows():
