@@ -37,15 +37,14 @@ import envs
 from envs import BatchEnv
 from starpo_jax.agent.codec import Codec
 from starpo_jax.agent.rollout_config import RolloutConfig
+from starpo_jax.agent.scoring import TurnRecord, end_turn
 from starpo_jax.agent.turn import (
   Carry,
   Policy,
   Reply,
-  TurnRecord,
   act,
   call_tools,
   decode,
-  end_turn,
   prompt,
 )
 
