@@ -416,3 +416,20 @@ def test_a_tool_needs_a_second_turn():
   c.rollout.max_turns = 1
   with pytest.raises(assembly.ConfigError, match="max_turns=1 leaves no turn"):
     assembly.build(c)
+
+
+def test_a_result_fits_its_token_budget_exactly_and_is_cut_one_token_past():
+  # One token a character: "<result>" is 8, "</result>\n" 10.
+  encode = lambda text: [ord(c) for c in text]
+  repeat = tools.Tool("repeat", "repeat: 3", run=lambda s: "a" * int(s))
+  box = tools.ToolBox((repeat,), encode, budget=40)
+  out = box.run(["<tool>repeat: 22</tool>", "<tool>repeat: 23</tool>"])
+  text = lambda i: "".join(map(chr, out["tokens"][i, : out["length"][i]]))
+  assert list(out["cut"]) == [False, True]
+  assert list(out["length"]) == [40, 40]
+  assert text(0) == "<result>" + "a" * 22 + "</result>\n"
+  assert text(1) == "<result>" + "a" * 22 + "</result>\n"
+  # The least budget a result fits in: its tags and one token.
+  assert tools.ToolBox.build(("calculator",), encode, 19).budget == 19
+  with pytest.raises(ValueError, match="tool_tokens=18"):
+    tools.ToolBox.build(("calculator",), encode, 18)
