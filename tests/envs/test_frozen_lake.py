@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -199,3 +201,18 @@ def test_properties_hold_for_any_map_and_action_sequence(level, actions):
 def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
   with pytest.raises(ValueError, match=name):
     envs.make("frozen_lake", **kwargs)
+
+
+def test_ragen2_instructions_give_the_answers_form_without_reasoning_to_copy():
+  ragen = envs.make("frozen_lake").spec.instructions
+  assert "<think>" in ragen  # RAGEN's own, with an example's reasoning
+  grid = envs.make("frozen_lake", instructions="ragen2").spec.instructions
+  coord = envs.make(
+    "frozen_lake", instructions="ragen2", render_mode="grid_coord"
+  ).spec.instructions
+  for written in (grid, coord):
+    assert "<think>" not in written and "I should" not in written
+    assert re.search(r"<answer>\w+( \|\| \w+)+</answer>", written)
+  assert "coordinates" in coord and "coordinates" not in grid
+  with pytest.raises(ValueError, match="instructions='ragen3'"):
+    envs.make("frozen_lake", instructions="ragen3")

@@ -25,3 +25,18 @@ INSTRUCTIONS = (
   "direction. Example answer format: <think>To avoid the hole and reach the "
   "goal, I should go left then up.</think><answer>Left || Up</answer>"
 )
+
+# RAGEN-2's (its CoordFrozenLake's): the answer's form without example
+# reasoning, which a small model copies word for word.
+INSTRUCTIONS_RAGEN2 = (
+  "You are solving the FrozenLake puzzle. Avoid the holes and reach the "
+  "goal. The ice may be slippery, so you can move in an unintended "
+  "direction. Respond with a sequence of actions such as "
+  "<answer>Left || Up || Up</answer>."
+)
+# Added where the observation lists coordinates.
+COORDINATES = (
+  " The observation gives zero-indexed (row, column) coordinates, from "
+  "(0, 0) at the top left."
+)
+INSTRUCTION_SETS = ("ragen", "ragen2")

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from envs import core
-from envs.jax import grid, planning, render
+from envs.jax import grid, planning, render, thoughts
 from envs.jax.frozen_lake import constants, generator
 
 # RAGEN's coord label order.
@@ -18,6 +18,17 @@ LABELS = (
   "Player on goal",
   "Player in hole",
   "Holes",
+)
+
+# The phrases of an expert's reasoning (``think``).
+PHRASES = (
+  "I am at ",
+  "; the goal is at ",
+  ".",
+  " Holes near me: ",
+  " No hole near me.",
+  " ",
+  " takes me to ",
 )
 
 
@@ -47,6 +58,7 @@ class FrozenLake(core.TextEnv):
     success_rate: float = 0.8,
     max_steps: int = 100,
     render_mode: str = "grid",
+    instructions: str = "ragen",
   ) -> None:
     """Validates the settings before anything compiles.
 
@@ -57,26 +69,11 @@ class FrozenLake(core.TextEnv):
         deterministic, 1/3 is classic gym, 0.8 is RAGEN's default.
       max_steps: actions before the episode is truncated.
       render_mode: ``"grid"``, ``"coord"`` or ``"grid_coord"``.
+      instructions: ``"ragen"`` (RAGEN's, with an example's reasoning) or
+        ``"ragen2"`` (RAGEN-2's: the answer's form only, and how to read
+        coordinates where the observation has them).
     """
-    if not isinstance(size, int) or not 2 <= size <= grid.MAX_COLS:
-      raise ValueError(
-        f"frozen_lake: size must be an integer from 2 to {grid.MAX_COLS}, "
-        f"got {size!r}"
-      )
-    for name, value in (("p", p), ("success_rate", success_rate)):
-      if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(
-          f"frozen_lake: {name} must be in [0, 1], got {value!r}"
-        )
-    if not isinstance(max_steps, int) or max_steps < 1:
-      raise ValueError(
-        f"frozen_lake: max_steps must be a positive integer, got {max_steps!r}"
-      )
-    if render_mode not in render.BoardText.MODES:
-      raise ValueError(
-        f"frozen_lake: render_mode={render_mode!r}; expected one of "
-        f"{render.BoardText.MODES}"
-      )
+    _check(size, p, success_rate, max_steps, render_mode, instructions)
     self.size, self.p = size, float(p)
     self.success_rate, self.max_steps = float(success_rate), max_steps
     table = render.PieceTable()
@@ -84,11 +81,14 @@ class FrozenLake(core.TextEnv):
     self._text = render.BoardText(
       table, size, size, constants.SYMBOLS, LABELS, render_mode, size * size + 3
     )
+    self.thoughts = thoughts.BoardThoughts(
+      size, size, constants.ACTIONS, PHRASES
+    )
     self.spec = core.EnvSpec(
       name="frozen_lake",
       pieces=table.pieces,
       action_names=constants.ACTIONS,
-      instructions=constants.INSTRUCTIONS,
+      instructions=_instructions(instructions, render_mode),
       legend=tuple(zip(constants.SYMBOLS, constants.KIND_NAMES, strict=True)),
       list_actions=True,
       max_obs_pieces=self._text.max_pieces,
@@ -170,6 +170,36 @@ class FrozenLake(core.TextEnv):
       horizon,
     )
 
+  def think(
+    self, before: State, actions: jax.Array, after: State
+  ) -> tuple[jax.Array, jax.Array]:
+    """An expert's reasoning before playing ``actions [A]`` (``-1`` past
+    the end) from ``before`` to ``after``, as pieces of ``self.thoughts``
+    and how many: "I am at (0, 1); the goal is at (3, 2): 3 down and 1
+    right. Holes near me: (1, 1). Down, Right takes me to (1, 2)."."""
+    w = self.thoughts
+    near = w.neighbours(before.player) & before.holes
+    any_near = jnp.any(near)
+    return w.write(
+      [
+        w.phrase("I am at "),
+        w.cell(before.player),
+        w.phrase("; the goal is at "),
+        w.cell(before.goal),
+        *w.offset(before.player, before.goal),
+        w.phrase("."),
+        w.phrase(" Holes near me: ", any_near),
+        w.cells(near),
+        w.phrase(".", any_near),
+        w.phrase(" No hole near me.", ~any_near),
+        w.phrase(" "),
+        w.actions(actions),
+        w.phrase(" takes me to "),
+        w.cell(after.player),
+        w.phrase("."),
+      ]
+    )
+
   def render(self, state: State) -> tuple[jax.Array, jax.Array]:
     cells = jnp.arange(self.size * self.size)
     here = cells == state.player
@@ -189,3 +219,39 @@ class FrozenLake(core.TextEnv):
       state.holes,
     )
     return self._text(kinds, masks)
+
+
+def _instructions(which: str, render_mode: str) -> str:
+  """The system message's instructions ``which`` names, for observations
+  rendered as ``render_mode``."""
+  if which == "ragen":
+    return constants.INSTRUCTIONS
+  coords = constants.COORDINATES if "coord" in render_mode else ""
+  return constants.INSTRUCTIONS_RAGEN2 + coords
+
+
+def _check(size, p, success_rate, max_steps, render_mode, instructions):
+  """Raises ``ValueError`` naming the first setting ``FrozenLake`` cannot
+  take."""
+  if not isinstance(size, int) or not 2 <= size <= grid.MAX_COLS:
+    raise ValueError(
+      f"frozen_lake: size must be an integer from 2 to {grid.MAX_COLS}, "
+      f"got {size!r}"
+    )
+  for name, value in (("p", p), ("success_rate", success_rate)):
+    if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+      raise ValueError(f"frozen_lake: {name} must be in [0, 1], got {value!r}")
+  if not isinstance(max_steps, int) or max_steps < 1:
+    raise ValueError(
+      f"frozen_lake: max_steps must be a positive integer, got {max_steps!r}"
+    )
+  if render_mode not in render.BoardText.MODES:
+    raise ValueError(
+      f"frozen_lake: render_mode={render_mode!r}; expected one of "
+      f"{render.BoardText.MODES}"
+    )
+  if instructions not in constants.INSTRUCTION_SETS:
+    raise ValueError(
+      f"frozen_lake: instructions={instructions!r}; expected one of "
+      f"{constants.INSTRUCTION_SETS}"
+    )

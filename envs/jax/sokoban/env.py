@@ -9,11 +9,22 @@ import jax.numpy as jnp
 from flax import struct
 
 from envs import core
-from envs.jax import grid, planning, render
+from envs.jax import grid, planning, render, thoughts
 from envs.jax.sokoban import constants, generator
 from envs.jax.sokoban import render as sokoban_render
 
 _MAX_DIM = grid.MAX_COLS
+
+# The phrases of an expert's reasoning (``think``).
+PHRASES = (
+  "I am at ",
+  "; boxes to push: ",
+  "; empty targets: ",
+  ".",
+  " ",
+  " takes me to ",
+  ", a box to ",
+)
 
 
 @struct.dataclass
@@ -81,6 +92,9 @@ class Sokoban(core.TextEnv):
     self._deltas = jnp.asarray(
       [dr * cols + dc for dr, dc in constants.MOVES], jnp.int32
     )
+    self.thoughts = thoughts.BoardThoughts(
+      rows, cols, constants.ACTIONS, PHRASES
+    )
 
   def reset(self, key: jax.Array) -> tuple[State, core.TimeStep]:
     k_level, k_dynamics = jax.random.split(key)
@@ -140,6 +154,42 @@ class Sokoban(core.TextEnv):
   def _effective(self, old: State, new: State) -> jax.Array:
     # RAGEN: an action is effective when the player moved.
     return old.player != new.player
+
+  def think(
+    self, before: State, actions: jax.Array, after: State
+  ) -> tuple[jax.Array, jax.Array]:
+    """An expert's reasoning before playing ``actions [A]`` (``-1`` past
+    the end) from ``before`` to ``after``, as pieces of ``self.thoughts``
+    and how many: "I am at (2, 3); boxes to push: (3, 3); empty targets:
+    (4, 1): 1 down and 2 left. Down, Left takes me to (3, 3), a box to
+    (4, 3)."; the offset (of the target from the box) with one box
+    only."""
+    w = self.thoughts
+    loose = before.boxes & ~before.targets
+    pushed = after.boxes & ~before.boxes
+    offset = []
+    if self.num_boxes == 1:
+      box, target = jnp.argmax(before.boxes), jnp.argmax(before.targets)
+      offset = w.offset(box, target)
+    return w.write(
+      [
+        w.phrase("I am at "),
+        w.cell(before.player),
+        w.phrase("; boxes to push: ", jnp.any(loose)),
+        w.cells(loose),
+        w.phrase("; empty targets: ", jnp.any(loose)),
+        w.cells(before.targets & ~before.boxes),
+        *offset,
+        w.phrase("."),
+        w.phrase(" "),
+        w.actions(actions),
+        w.phrase(" takes me to "),
+        w.cell(after.player),
+        w.phrase(", a box to ", jnp.any(pushed)),
+        w.cells(pushed),
+        w.phrase("."),
+      ]
+    )
 
   def render(self, state: State) -> tuple[jax.Array, jax.Array]:
     return sokoban_render.render_state(self._text, state)
