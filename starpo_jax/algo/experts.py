@@ -101,7 +101,9 @@ class ScriptedPolicy:
 class Replies:
   """Token spellings of replies: an action first in its turn, an action
   after ``" || "``, and the closing ``</answer>``; in think mode what
-  closes the reasoning and opens the answer (``</think><answer>``)."""
+  closes the reasoning and opens the answer (``</think><answer>``), and
+  the pieces of the reasoning an environment writes about its board
+  (``env.thoughts``; None where it writes none)."""
 
   first: jax.Array  # [A, W] int32
   first_len: jax.Array  # [A] int32
@@ -109,11 +111,21 @@ class Replies:
   later_len: jax.Array  # [A] int32
   close: jax.Array  # [C] int32
   open: jax.Array  # [O] int32, empty without think mode
+  thought: jax.Array | None = None  # [P, V] int32
+  thought_len: jax.Array | None = None  # [P] int32
 
   @classmethod
-  def build(cls, tokenizer: Tokenizer, spec: EnvSpec, think: bool = False):
+  def build(
+    cls,
+    tokenizer: Tokenizer,
+    spec: EnvSpec,
+    think: bool = False,
+    thoughts: tuple[str, ...] | None = None,
+  ):
     """Action names, ``" || "`` between them; or, for free-text answers,
-    the answer alphabet's pieces, nothing between them."""
+    the answer alphabet's pieces, nothing between them; and the
+    ``thoughts`` pieces (an environment's ``thoughts.pieces``) one by
+    one."""
     names = spec.answer_pieces if spec.text_answers else spec.action_names
     if not names:
       raise ValueError(
@@ -136,6 +148,15 @@ class Replies:
     (f, fl), (lt, ll) = table(first), table(later)
     close = jnp.asarray(tokenizer.encode(ANSWER_CLOSE.decode()), jnp.int32)
     opening = (THINK_CLOSE + ANSWER_OPEN).decode() if think else ""
+    thought = thought_len = None
+    if thoughts is not None:
+      spelled = spell(thoughts)
+      width = max(len(ids) for ids in spelled)
+      rows = np.zeros((len(spelled), width), np.int32)
+      for i, ids in enumerate(spelled):
+        rows[i, : len(ids)] = ids
+      thought = jnp.asarray(rows)
+      thought_len = jnp.asarray([len(ids) for ids in spelled], jnp.int32)
     return cls(
       first=f,
       first_len=fl,
@@ -143,7 +164,19 @@ class Replies:
       later_len=ll,
       close=close,
       open=jnp.asarray(tokenizer.encode(opening), jnp.int32),
+      thought=thought,
+      thought_len=thought_len,
     )
+
+  def spell(self, ids: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The first ``n`` of reasoning pieces ``ids [M]`` as tokens
+    ``[M * V]``, and how many."""
+    width = self.thought.shape[1]
+    tokens = self.thought[ids]
+    keep = (jnp.arange(width) < self.thought_len[ids][:, None]) & (
+      jnp.arange(ids.shape[0]) < n
+    )[:, None]
+    return pack([(tokens.reshape(-1), keep.reshape(-1))], tokens.size)
 
   def turn_tokens(self, per_turn: int) -> int:
     """The most tokens one turn's reply takes (its reasoning aside)."""
@@ -151,12 +184,26 @@ class Replies:
       self.open.shape[0] + per_turn * self.first.shape[1] + self.close.shape[0]
     )
 
-  def script(self, actions: jax.Array, per_turn: int, turns: int) -> jax.Array:
+  def script(
+    self,
+    actions: jax.Array,
+    per_turn: int,
+    turns: int,
+    thoughts: list[tuple[jax.Array, jax.Array]] | None = None,
+  ) -> jax.Array:
     """A plan ``[H]`` (``-1`` past its end) as reply tokens, ``per_turn``
-    actions a turn; turns with no action left have no reply."""
-    segments = []
+    actions a turn, each turn's after its reasoning (``thoughts``: a
+    turn's tokens and how many, closed by ``</think><answer>``; None:
+    none); turns with no action left have no reply."""
+    segments, width = [], turns * self.turn_tokens(per_turn)
     for t in range(turns):
       chunk = actions[t * per_turn : (t + 1) * per_turn]
+      if thoughts is not None and t < len(thoughts):
+        ids, n = thoughts[t]
+        live = jnp.any(chunk >= 0)
+        segments.append((ids, (jnp.arange(ids.shape[0]) < n) & live))
+        segments.append((self.open, jnp.broadcast_to(live, self.open.shape)))
+        width += ids.shape[0]
       for j in range(chunk.shape[0]):
         a = jnp.maximum(chunk[j], 0)
         ids, n = (
@@ -171,7 +218,7 @@ class Replies:
         segments.append((ids[a], keep))
       close = jnp.broadcast_to(jnp.any(chunk >= 0), self.close.shape)
       segments.append((self.close, close))
-    return pack(segments, turns * self.turn_tokens(per_turn))[0]
+    return pack(segments, width)[0]
 
   def after_reasoning(
     self, script: jax.Array, reasoning: jax.Array, length: jax.Array
@@ -226,15 +273,58 @@ def own_reasoning(
   return ids, length.astype(jnp.int32)
 
 
+def board_thoughts(
+  env: Any, replies: Replies, state: Any, actions: jax.Array, per_turn: int
+) -> tuple[list[tuple[jax.Array, jax.Array]], jax.Array]:
+  """The reasoning an expert writes before each turn of playing
+  ``actions [H]`` (``per_turn`` a turn, ``-1`` past the end) from
+  ``state``, each from the state the turn starts in and the one its
+  actions lead to (``env.think``), spelled as tokens: a list of
+  ``(tokens, count)``, a turn's each; and the most tokens a turn's
+  reasoning took."""
+  out, most = [], jnp.zeros((), jnp.int32)
+  for start in range(0, actions.shape[0], per_turn):
+    chunk = actions[start : start + per_turn]
+    after = state
+    for a in chunk:
+      after = env.step(after, a)[0]
+    ids, n = replies.spell(*env.think(state, chunk, after))
+    out.append((ids, n))
+    most = jnp.maximum(most, jnp.where(jnp.any(chunk >= 0), n, 0))
+    state = after
+  return out, most
+
+
 @dataclasses.dataclass(frozen=True)
 class ExpertPlay:
   """Whose actions an expert episode plays (``sft.expert``): ``planner``,
   the environment's shortest solutions; ``search``, the shortest of
   ``tries`` random successes (``sft.search_tries``); ``random_valid`` and
-  ``world_model``, random valid actions."""
+  ``world_model``, random valid actions. ``board``: each turn's reply
+  opens with reasoning the environment writes from the board
+  (``board_thoughts``)."""
 
   kind: str = "planner"
   tries: int = 64
+  board: bool = False
+
+
+def _plans(
+  env: Any, states: Any, rollout_cfg: RolloutConfig, key, expert: ExpertPlay
+) -> planning.Plan:
+  """The ``expert``'s actions on each of the batch's ``states``."""
+  horizon = rollout_cfg.max_actions_per_traj
+  if expert.kind == "planner":
+    return jax.vmap(lambda s: env.plan(s, horizon))(states)
+  keys = jax.random.split(jax.random.fold_in(key, 1), rollout_cfg.batch)
+  if expert.kind == "search":
+    return jax.vmap(
+      lambda s, k: planning.random_search(env, s, horizon, k, expert.tries)
+    )(states, keys)
+  # random_valid, world_model
+  return jax.vmap(
+    lambda s, k: planning.random_valid_play(env, s, horizon, k)[0]
+  )(states, keys)
 
 
 def expert_trajectories(
@@ -270,27 +360,25 @@ def expert_trajectories(
     policy = ScriptedPolicy(scripts, codec.token_bytes.shape[0])
     traj = rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
     return traj, jnp.ones(traj.success.shape, bool)
-  horizon = rollout_cfg.max_actions_per_traj
-  if expert.kind == "planner":
-    plans = jax.vmap(lambda s: env.plan(s, horizon))(states)
-  elif expert.kind == "search":
-    keys = jax.random.split(jax.random.fold_in(key, 1), rollout_cfg.batch)
-    plans = jax.vmap(
-      lambda s, k: planning.random_search(env, s, horizon, k, expert.tries)
-    )(states, keys)
-  else:  # random_valid, world_model
-    keys = jax.random.split(jax.random.fold_in(key, 1), rollout_cfg.batch)
-    plans = jax.vmap(
-      lambda s, k: planning.random_valid_play(env, s, horizon, k)[0]
-    )(states, keys)
-  scripts = jax.vmap(
-    lambda a: replies.script(
-      a, rollout_cfg.max_actions_per_turn, rollout_cfg.max_turns
+  plans = _plans(env, states, rollout_cfg, key, expert)
+  per_turn, turns = rollout_cfg.max_actions_per_turn, rollout_cfg.max_turns
+  actions = plans.actions[:, : per_turn * turns]
+  fits = jnp.ones(actions.shape[:1], bool)
+  if expert.board:
+    thoughts, most = jax.vmap(
+      lambda s, a: board_thoughts(env, replies, s, a, per_turn)
+    )(states, actions)
+    scripts = jax.vmap(lambda a, t: replies.script(a, per_turn, turns, t))(
+      actions, thoughts
     )
-  )(plans.actions)
+    # A reply past the budget is cut before its answer: not imitated.
+    fits = most + replies.turn_tokens(per_turn) <= rollout_cfg.max_new_tokens
+  else:
+    scripts = jax.vmap(lambda a: replies.script(a, per_turn, turns))(actions)
   if reasoning is not None:
     scripts = jax.vmap(replies.after_reasoning)(scripts, *reasoning)
   policy = ScriptedPolicy(scripts, codec.token_bytes.shape[0])
   traj = rollout_lib.rollout(policy, codec, env, rollout_cfg, key, constrain)
-  found = plans.length >= 0 if expert.kind in ("planner", "search") else None
-  return traj, jnp.ones(traj.success.shape, bool) if found is None else found
+  if expert.kind in ("planner", "search"):
+    fits = fits & (plans.length >= 0)
+  return traj, fits

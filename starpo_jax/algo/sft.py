@@ -112,8 +112,13 @@ class SftConfig:
   # succeeded (random valid play filtered by the environment's own success:
   # no planner needed). The world model predicts observations of all.
   keep: Literal["all", "successes"] = "all"
-  # Think mode: the most tokens of the initial model's own sampled
-  # reasoning each expert reply opens with (first turns: sft.max_turns=1).
+  # Think mode: what each expert reply reasons before its answer. "own":
+  # the initial model's own sampled reasoning, at most reasoning_tokens
+  # tokens (first turns: sft.max_turns=1). "board": reasoning the
+  # environment writes from the state each turn starts in and the plan
+  # (env.think: where the player, the goal and what is in the way are,
+  # where the turn's actions lead), in every turn of the expert's episode.
+  reasoning: Literal["own", "board"] = "own"
   reasoning_tokens: int = 32
 
   def __post_init__(self) -> None:
@@ -158,9 +163,11 @@ def check(
   replies: Replies,
   expert: str,
   reasoning_tokens: int = 0,
+  reasoning: str = "own",
 ) -> None:
   """Raises ``ValueError`` naming what stops the warm start from working
-  (``env``: an environment ``envs.batched`` takes)."""
+  (``env``: an environment ``envs.batched`` takes; ``reasoning``:
+  ``sft.reasoning``)."""
   name = env.spec.name
   env = envs.batched(env).jittable
   if env is None:
@@ -171,17 +178,38 @@ def check(
       "environment and start from that run with train.init_from"
     )
   _check_expert(env, name, expert)
-  if rollout_cfg.enable_think and rollout_cfg.max_turns > 1:
+  if reasoning == "board":
+    if not rollout_cfg.enable_think:
+      raise ValueError(
+        "sft: reasoning='board' writes reasoning before each answer, in "
+        "think mode: set rollout.enable_think=True"
+      )
+    if not hasattr(env, "think") or replies.thought is None:
+      raise ValueError(
+        f"sft: environment {name!r} writes no reasoning about its board "
+        "(env.think); use sft.reasoning='own'"
+      )
+    if env.spec.text_answers or expert == "world_model":
+      what = (
+        "a free-text answer" if env.spec.text_answers else "the world model"
+      )
+      raise ValueError(
+        f"sft: reasoning='board' explains a plan's actions; {what} has "
+        "none: use sft.reasoning='own'"
+      )
+  elif rollout_cfg.enable_think and rollout_cfg.max_turns > 1:
     raise ValueError(
       "sft: in think mode the warm start imitates first turns (the "
       "policy's own reasoning, then the expert's answer): set "
-      "sft.max_turns=1"
+      "sft.max_turns=1, or sft.reasoning='board' (reasoning written from "
+      "each turn's board)"
     )
   if rollout_cfg.enable_think and expert == "world_model":
     raise ValueError(
       "sft: expert='world_model' needs rollout.enable_think=False"
     )
-  _check_reply_fits(env, rollout_cfg, replies, reasoning_tokens)
+  written = rollout_cfg.enable_think and reasoning == "own"
+  _check_reply_fits(env, rollout_cfg, replies, reasoning_tokens, written)
 
 
 def _check_expert(env: Any, name: str, expert: str) -> None:
@@ -207,10 +235,16 @@ def _check_expert(env: Any, name: str, expert: str) -> None:
 
 
 def _check_reply_fits(
-  env: Any, rollout_cfg: RolloutConfig, replies: Replies, reasoning_tokens: int
+  env: Any,
+  rollout_cfg: RolloutConfig,
+  replies: Replies,
+  reasoning_tokens: int,
+  own: bool,
 ) -> None:
   """Raises ``ValueError`` where the expert's reply outgrows the reply
-  budget (``rollout.max_new_tokens``)."""
+  budget (``rollout.max_new_tokens``), with ``reasoning_tokens`` of the
+  model's ``own`` reasoning first. (Reasoning written from the board
+  varies by state: a reply it takes past the budget is not imitated.)"""
   if env.spec.text_answers:
     pieces = solution_width(env)
     need, what = replies.turn_tokens(pieces), f"an answer of {pieces} pieces"
@@ -218,7 +252,7 @@ def _check_reply_fits(
     actions = rollout_cfg.max_actions_per_turn
     need = replies.turn_tokens(actions)
     what = f"a reply of {actions} actions (rollout.max_actions_per_turn)"
-  if rollout_cfg.enable_think:
+  if own:
     need += reasoning_tokens
     what += (
       f" after {reasoning_tokens} of reasoning (rollout.enable_think, "
@@ -430,7 +464,14 @@ def make_sft_step(spec: WarmStartSpec, codec: Any, mesh: Any = None):
   cfg = episodes_config(spec.rollout, sft_cfg, codec)
   parts = warm_parts(spec.env, spec.replies, cfg)
   for env, replies, part_cfg in parts:
-    check(env, part_cfg, replies, sft_cfg.expert, sft_cfg.reasoning_tokens)
+    check(
+      env,
+      part_cfg,
+      replies,
+      sft_cfg.expert,
+      sft_cfg.reasoning_tokens,
+      sft_cfg.reasoning,
+    )
   sizes = {cfg.batch} | {part_cfg.batch for _, _, part_cfg in parts}
   constraints = [sharding.batch_constraint(mesh, n) for n in sizes]
   on_batch = lambda tree: functools.reduce(lambda t, f: f(t), constraints, tree)
@@ -519,7 +560,8 @@ def _expert_episodes(spec, state, codec, key, part, on_batch):
   env, replies, cfg = part
   env = envs.batched(env).jittable
   reasoning = None
-  if spec.rollout.enable_think:
+  board = spec.rollout.enable_think and spec.sft.reasoning == "board"
+  if spec.rollout.enable_think and not board:
     reasoning = own_reasoning(
       nnx.merge(spec.policy_def, state.reference),
       codec,
@@ -536,7 +578,7 @@ def _expert_episodes(spec, state, codec, key, part, on_batch):
     cfg,
     key,
     on_batch,
-    ExpertPlay(spec.sft.expert, spec.sft.search_tries),
+    ExpertPlay(spec.sft.expert, spec.sft.search_tries, board),
     reasoning,
   )
   return traj, found, reasoning

@@ -21,6 +21,8 @@ from starpo_jax.agent import rollout
 from starpo_jax.algo import experts, logprobs, sft
 from starpo_jax.algo.spec import Distribution
 from starpo_jax.run import assembly
+from starpo_jax.run.assembly.setup import warm_start_replies
+from tests.envs import test_thoughts
 from tests.envs.conftest import index, to_numpy
 from tests.helpers import (
   assert_close_at_scale,
@@ -185,6 +187,16 @@ def test_the_warm_start_step_compiles_once_and_imitates():
     (dict(name="bandit"), "planner"),
     ({"sft.expert": "oracle"}, "expert"),
     ({"rollout.enable_think": True, "sft.max_turns": 2}, "first turns"),
+    ({"sft.reasoning": "board"}, "enable_think=True"),
+    (
+      {
+        "rollout.enable_think": True,
+        "sft.reasoning": "board",
+        "sft.expert": "world_model",
+        "sft.max_turns": 2,
+      },
+      "world model has none",
+    ),
     ({"rollout.enable_think": True}, "reasoning_tokens"),
     ({"rollout.max_new_tokens": 3}, "max_new_tokens"),
     ({"sft.max_turns": 0}, "max_turns"),
@@ -211,6 +223,75 @@ def think_setup():
   c.rollout.max_new_tokens = 24
   c.sft.reasoning_tokens = 6
   return assembly.build(c)
+
+
+def test_an_environment_that_writes_no_reasoning_is_refused():
+  c = small(bandit.get_config(None), **{"sft.expert": "random_valid"})
+  c.rollout.enable_think = True
+  c.sft.reasoning = "board"
+  with pytest.raises(assembly.ConfigError, match="writes no reasoning"):
+    assembly.build(c)
+
+
+def board_setup():
+  """The tiny FrozenLake config in think mode, imitating three whole
+  turns, each reply reasoning from its board (``sft.reasoning``)."""
+  c = small(
+    frozen_lake.get_config(None),
+    **{
+      "rollout.enable_think": True,
+      "sft.reasoning": "board",
+      "sft.max_turns": 3,
+    },
+  )
+  c.rollout.answer_vocab = False
+  # The tiny tokenizer spells text a character a token.
+  c.rollout.max_new_tokens = 160
+  c.rollout.max_context = 1024
+  return assembly.build(c)
+
+
+def test_board_reasoning_opens_every_turn_and_only_replies_are_imitated():
+  setup = board_setup()
+  tok, env = setup.tokenizer, setup.env.jittable
+  cfg = sft.episodes_config(setup.config.rollout, setup.config.sft, setup.codec)
+  replies = warm_start_replies(tok, setup.env, True)
+  key = jax.random.key(5)
+  traj, found = jax.jit(
+    lambda codec, key: experts.expert_trajectories(
+      setup.env, codec, replies, cfg, key, expert=experts.ExpertPlay(board=True)
+    )
+  )(setup.codec, key)
+  traj, found = to_numpy(traj), np.asarray(found)
+  states = rollout.reset(setup.env, cfg, rollout.reset_key(key))
+  names = env.spec.action_names
+  # Three turns of two actions solve most levels, not all.
+  assert found.all() and traj.success.mean() > 0.5
+  later = 0
+  for b in range(cfg.batch):
+    peer = peer_of("frozen_lake", env, index(states, b))
+    played = replies_of(traj, tok, b)
+    for reply in played:
+      thought = test_thoughts.FROZEN.match(reply.split("</think>")[0])
+      assert thought is not None, reply
+      assert (int(thought[1]), int(thought[2])) == peer.player, reply
+      actions = thought[10].split(", ")
+      # The loss covers the reply alone, exactly: no observation token.
+      answer = "</think><answer>" + " || ".join(actions) + "</answer>"
+      assert reply == thought[0] + answer
+      matched, ids = ref_text.parse(
+        ("<think>" + reply).encode(),
+        think=True,
+        markers=setup.codec.markers,
+        max_actions=cfg.max_actions_per_turn,
+        action_names=names,
+      )
+      assert matched and [names[a] for a in ids] == actions, reply
+      for a in ids:
+        peer.step(a)
+    assert (peer.player == peer.goal) == traj.success[b]
+    later += len(played) - 1
+  assert later > 0  # turns after the first are imitated
 
 
 def test_own_reasoning_stops_before_think_close_and_stop_tokens():

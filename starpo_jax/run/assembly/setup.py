@@ -104,8 +104,17 @@ def _parts(env: Any) -> list[envs.BatchEnv]:
 def warm_start_replies(tok, env: Any, think: bool) -> Any:
   """The replies the warm start's scripts spell: ``env``'s, or a tuple of
   a ``Mixture``'s parts'."""
-  replies = [Replies.build(tok, e.spec, think) for e in _parts(env)]
+  replies = [
+    Replies.build(tok, e.spec, think, _thoughts(e)) for e in _parts(env)
+  ]
   return tuple(replies) if isinstance(env, mixture.Mixture) else replies[0]
+
+
+def _thoughts(env: Any) -> tuple[str, ...] | None:
+  """The pieces of the reasoning ``env`` writes about its board
+  (``env.thoughts``), or None."""
+  thoughts = getattr(envs.batched(env).jittable, "thoughts", None)
+  return None if thoughts is None else thoughts.pieces
 
 
 def _check_shapes(run: RunConfig, env: Any) -> None:
@@ -148,7 +157,14 @@ def _check_warm_start(run: RunConfig, env, tok, codec) -> None:
       sft.episodes_config(run.rollout, run.sft, codec),
     )
     for part, replies, cfg in parts:
-      sft.check(part, cfg, replies, run.sft.expert, run.sft.reasoning_tokens)
+      sft.check(
+        part,
+        cfg,
+        replies,
+        run.sft.expert,
+        run.sft.reasoning_tokens,
+        run.sft.reasoning,
+      )
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
 
