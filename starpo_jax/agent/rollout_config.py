@@ -120,6 +120,13 @@ class RolloutConfig:
     return 1 if self.context_window == "single_turn" else self.context_turns
 
   @property
+  def action_budget(self) -> int:
+    """The most actions an episode can take: ``max_actions_per_turn`` in
+    each of ``max_turns`` turns, at most ``max_actions_per_traj``."""
+    per_turns = self.max_turns * self.max_actions_per_turn
+    return min(self.max_actions_per_traj, per_turns)
+
+  @property
   def max_generated(self) -> int:
     """The most tokens an episode can generate."""
     return self.max_turns * self.max_new_tokens

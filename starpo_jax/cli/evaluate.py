@@ -17,7 +17,9 @@ its policy fits; ``--config`` alone evaluates the config's initial policy
 ``WORKDIR/eval/stepN``)
 ``summary.json`` (per environment and temperature: success with its 95%
 interval, pass@samples, actions, turns, response length, valid and
-effective action rates; the random valid player beside it; each
+effective action rates; what the replies say, ``replies``: how often
+the reasoning copies the prompt, distinct reasoning, reply length, each
+action's share; the random valid player beside it; each
 environment's registered name and settings), and per
 environment and temperature every episode as a JSON line
 (``{env}_t{T}.jsonl``: each turn's prompt, reply, executed actions and
@@ -61,6 +63,12 @@ def describe(summary: dict[str, Any]) -> str:
           f"{100 * st['format_rate']:.1f}%, valid "
           f"{100 * st['valid_action_rate']:.1f}%"
         )
+        if "replies" in st:
+          r = st["replies"]
+          line += (
+            f"; reasoning copies the prompt in {100 * r['copied']:.1f}% "
+            f"of turns, {100 * r['distinct_reasoning']:.1f}% distinct"
+          )
       lines.append(line)
   return "\n".join(lines)
 

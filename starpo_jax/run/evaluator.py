@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -84,6 +85,7 @@ def episode_record(
         "turn": k + 1,
         "prompt": tokenizer.decode(tokens[here & ~generated]),
         "reply": tokenizer.decode(tokens[here & generated]),
+        "reply_tokens": int(np.sum(here & generated)),
         "actions": [action_names[a] for a in actions if a >= 0],
         "reward": float(traj.turn_rewards[episode, k]),
         "format_ok": bool(traj.turn_format_ok[episode, k]),
@@ -99,6 +101,52 @@ def episode_record(
     "success": bool(traj.success[episode]),
     "num_actions": int(traj.num_actions[episode]),
     **({"error": error} if error else {}),
+  }
+
+
+# Words in a row that make a reply's reasoning a copy of its prompt.
+COPY_WORDS = 8
+_TAGS = re.compile(r"</?(?:think|answer)>")
+
+
+def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+  """Each ``n`` words in a row of ``text``, its tags read as spaces."""
+  words = _TAGS.sub(" ", text).split()
+  return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def replies_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+  """What the replies of ``episode_record``s say, for reading a policy
+  without its transcripts: how many turns' reasoning (the reply before
+  ``</think>``, or all of it) repeats ``COPY_WORDS`` words in a row of the
+  text the episode showed the model up to that turn (``copied``), the
+  share of distinct reasoning strings, the mean reply length in tokens,
+  the share in the format, and each executed action's share."""
+  turns, copied, seen, actions = 0, 0, set(), {}
+  tokens = in_format = 0
+  for record in records:
+    shown = record["system"]
+    for t in record["turns"]:
+      shown += t["prompt"]
+      reasoning = t["reply"].split("</think>")[0]
+      turns += 1
+      copied += bool(
+        _ngrams(reasoning, COPY_WORDS) & _ngrams(shown, COPY_WORDS)
+      )
+      seen.add(reasoning.strip())
+      tokens += t["reply_tokens"]
+      in_format += t["format_ok"]
+      for name in t["actions"]:
+        actions[name] = actions.get(name, 0) + 1
+      shown += t["reply"]
+  n, acted = max(turns, 1), max(sum(actions.values()), 1)
+  return {
+    "turns": turns,
+    "copied": copied / n,
+    "distinct_reasoning": len(seen) / n,
+    "reply_tokens": tokens / n,
+    "format_ok": in_format / n,
+    "actions": {k: v / acted for k, v in sorted(actions.items())},
   }
 
 
@@ -204,8 +252,10 @@ class Evaluator:
     self.random = {}
     for name, env in envs.items():
       states = rollout_lib.reset(env, base, rollout_lib.reset_key(key))
+      # The agent's own action budget: a random player given more
+      # actions than the agent can take would set the bar too high.
       wins = jax.jit(random_valid_success, static_argnums=(0, 2))(
-        env, states, base.max_actions_per_traj, jax.random.fold_in(key, 1)
+        env, states, base.action_budget, jax.random.fold_in(key, 1)
       )
       self.random[name] = _rate(np.asarray(sharding.local_value(wins)))
 
@@ -402,37 +452,40 @@ def evaluate_checkpoint(
   )
   summary: dict[str, Any] = dict(
     source=where, step=step, levels=episodes, samples=samples, seed=config.seed
-  )
-  summary["envs"] = {}
+  ) | {"envs": {}}
   summary["settings"] = {n: setup.eval_settings[n] for n in setup.eval_envs}
   for (name, temp), traj in evaluator.trajectories(params).items():
     entry = summary["envs"].setdefault(
       name, {"random_valid": evaluator.random[name]}
     )
-    entry[_label(temp)] = evaluator.stats(traj)
-    _write_episodes(out, evaluator, setup, name, temp, traj, transcripts)
+    entry[_label(temp)] = _write_episodes(
+      out, evaluator, setup, (name, temp), traj, transcripts
+    )
   files.write_atomically(
     os.path.join(out, "summary.json"), json.dumps(summary, indent=1)
   )
   return {**summary, "out": out}
 
 
-def _write_episodes(out, evaluator, setup, name, temp, traj, transcripts):
-  """One part's episodes as JSON lines, and ``transcripts`` of them as
-  text, in ``out``."""
+def _write_episodes(out, evaluator, setup, part, traj, transcripts):
+  """One part's (environment name, temperature) episodes as JSON lines,
+  and ``transcripts`` of them as text, in ``out``; returns their
+  statistics and what their replies say (``replies_summary``)."""
+  name, temp = part
   records = [
     episode_record(
       traj,
       setup.tokenizer,
       evaluator.action_names[name],
       i,
-      evaluator.error((name, temp), i),
+      evaluator.error(part, i),
     )
     for i in range(traj.success.shape[0])
   ]
   _write_records(
     os.path.join(out, f"{name}_{_label(temp)}"), records, transcripts
   )
+  return {**evaluator.stats(traj), "replies": replies_summary(records)}
 
 
 def make_evaluator(

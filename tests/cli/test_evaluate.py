@@ -85,6 +85,11 @@ def test_summary_matches_the_episodes_written(evaluated):
     assert stats[f"pass@{SAMPLES}"] == pytest.approx(solved_levels.mean())
     actions = [sum(len(t["actions"]) for t in r["turns"]) for r in records]
     assert stats["num_actions"] == pytest.approx(np.mean(actions))
+    turns = [t for r in records for t in r["turns"]]
+    replies = stats["replies"]
+    assert replies["turns"] == len(turns)
+    tokens = np.mean([t["reply_tokens"] for t in turns])
+    assert replies["reply_tokens"] == pytest.approx(tokens)
     # float32 sums on the device: equal to a few ulps.
     returns = np.mean([r["return"] for r in records])
     assert stats["return"] == pytest.approx(returns, rel=1e-5, abs=1e-6)

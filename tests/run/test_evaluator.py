@@ -223,3 +223,71 @@ def test_the_variants_table_puts_one_environment_on_one_row():
   summaries["mixture"]["envs"]["sokoban"]["random_valid"]["success"] = 0.3
   with pytest.raises(ValueError, match="mixture played sokoban on other"):
     variants_table.rows(summaries, "t0.5")
+
+
+@pytest.mark.parametrize("turns, budget", [(3, 6), (5, 10), (6, 10)])
+def test_the_random_player_gets_the_agents_action_budget(
+  monkeypatch, turns, budget
+):
+  # FrozenLake: 2 actions a turn, at most 10 an episode.
+  c = frozen_lake.get_config(None)
+  c.rollout.max_turns = turns
+  setup = assembly.build(c)
+  learner = assembly.make_learner(setup)
+  given = []
+
+  def player(env, states, actions, key):
+    given.append(actions)
+    return states.steps >= 0
+
+  monkeypatch.setattr(evaluator, "random_valid_success", player)
+  evaluator.make_evaluator(
+    setup, learner, episodes=4, temperatures=(1.0,), transcripts=False
+  )
+  assert given == [budget]
+
+
+def _record(system, replies):
+  """An ``episode_record`` of ``replies`` (text, executed actions), each
+  after a prompt of its own."""
+  turns = [
+    {
+      "turn": k + 1,
+      "prompt": f"\nTurn {k + 1}: the board.\n<think>",
+      "reply": text,
+      "reply_tokens": len(text.split()),
+      "actions": actions,
+      "format_ok": True,
+    }
+    for k, (text, actions) in enumerate(replies)
+  ]
+  return {"system": system, "turns": turns}
+
+
+def test_the_replies_summary_counts_a_planted_copy():
+  system = (
+    "You are solving the FrozenLake puzzle. Avoid the holes and reach the goal."
+  )
+  answer = "</think><answer>Left || Down</answer>"
+  eight = "puzzle. Avoid the holes and reach the goal."  # 8 words
+  seven = "Avoid the holes and reach the goal."  # 7 words
+  records = [
+    _record(system, [(f"So, {eight}{answer}", ["Left", "Down"])]),
+    _record(system, [(f"So, {seven} now{answer}", ["Left", "Down"])]),
+    # A copy of the episode's own earlier turn counts as well.
+    _record(
+      system,
+      [
+        (f"I am at (1, 2) and go down twice.{answer}", ["Down"]),
+        (f"Again: I am at (1, 2) and go down twice.{answer}", ["Down"]),
+      ],
+    ),
+  ]
+  got = evaluator.replies_summary(records)
+  assert got["turns"] == 4
+  assert got["copied"] == pytest.approx(2 / 4)
+  assert got["distinct_reasoning"] == pytest.approx(4 / 4)
+  assert got["actions"] == pytest.approx({"Down": 4 / 6, "Left": 2 / 6})
+  # The same reasoning in two turns is one distinct string.
+  twice = evaluator.replies_summary([records[0], records[0]])
+  assert twice["distinct_reasoning"] == pytest.approx(1 / 2)
