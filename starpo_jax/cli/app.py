@@ -117,6 +117,16 @@ def flag_mistake(error: BaseException, argv: Sequence[str]) -> str:
     return f"no setting {wrong!r} (did you mean {right!r}?)"
   lines = str(chain[-1]).strip().strip("'\"").splitlines()
   inner = lines[0] if lines else type(chain[-1]).__name__
+  for arg in argv:
+    name = arg.split("=", 1)[0]
+    if name.startswith("--config.") and name.split(".")[-1] == inner:
+      # An open section (env.kwargs) without the key: the command line
+      # overrides what a config sets, it adds nothing.
+      section = ".".join(name.split(".")[1:-1])
+      return (
+        f"{name}: the config sets no {section}.{inner} to override; set it "
+        "in the config file"
+      )
   flag = _FLAG.match(str(chain[0]))
   if len(chain) == 1 or flag is None:
     return inner

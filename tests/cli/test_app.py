@@ -43,6 +43,12 @@ def run(module: str, workdir, *argv: str, debug: bool = False):
       "--config.rollout.grop_size: no such setting "
       "(did you mean '--config.rollout.group_size'?)",
     ),
+    # A key an open section (the environment's arguments) does not set.
+    (
+      ["--config=configs/frozen_lake.py", "--config.env.kwargs.sise=6"],
+      "--config.env.kwargs.sise: the config sets no env.kwargs.sise to "
+      "override; set it in the config file",
+    ),
     # A config file that is not there, the nearest one beside it.
     (
       ["--config=configs/sokobn.py"],
