@@ -390,6 +390,28 @@ def test_a_full_context_ends_the_episode_as_truncated():
     )
 
 
+def test_the_context_holds_the_system_prompt_and_one_turn_exactly():
+  tok = TOKENIZERS["compact"]()
+  env = envs.make("sokoban")
+  codec = codec_lib.Codec.build(tok, env.spec, CFG.prompt_settings())
+  system = len(codec.fragments.system)
+  chunk = codec.turn_chunk_size(CFG.max_turns, CFG.max_actions_per_traj)
+
+  def trace(max_context):
+    cfg = dataclasses.replace(CFG, env_groups=1, max_context=max_context)
+    policy = ScriptedPolicy(
+      jnp.zeros((cfg.batch, 1), jnp.int32), tok.vocab_size
+    )
+    jax.eval_shape(
+      lambda key: rollout.rollout(policy, codec, env, cfg, key),
+      jax.random.key(0),
+    )
+
+  trace(system + chunk + 1)  # the least that fits
+  with pytest.raises(ValueError, match=f"need {system + chunk + 1}"):
+    trace(system + chunk)
+
+
 def test_rollout_of_128_episodes_compiles_once_without_host_callbacks():
   tok = TOKENIZERS["compact"]()
   env = envs.make("sokoban")
