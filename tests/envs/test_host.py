@@ -325,3 +325,18 @@ def test_gym_sokoban_trains_from_the_sokoban_config(tmp_path):
   final = summary["final"]
   assert final["rollout/env_error"] == 0.0
   assert final["rollout/num_turns"] > 0
+
+
+@pytest.mark.parametrize("timeout_s", [0.0, -0.5])
+def test_a_host_environments_timeout_must_be_positive(timeout_s):
+  spec = lambda t: HostSpec(
+    name="slow",
+    make=lambda: None,
+    instructions="Say Go.",
+    action_names=("Go",),
+    max_obs_tokens=16,
+    timeout_s=t,
+  )
+  assert spec(1e-3).timeout_s == 1e-3
+  with pytest.raises(ValueError, match=f"timeout_s={timeout_s} must be > 0"):
+    spec(timeout_s)

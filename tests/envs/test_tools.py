@@ -433,3 +433,21 @@ def test_a_result_fits_its_token_budget_exactly_and_is_cut_one_token_past():
   assert tools.ToolBox.build(("calculator",), encode, 19).budget == 19
   with pytest.raises(ValueError, match="tool_tokens=18"):
     tools.ToolBox.build(("calculator",), encode, 18)
+
+
+@pytest.mark.parametrize(
+  "kwargs, refused",
+  [
+    (dict(max_input=1, timeout_s=1e-3), None),
+    (dict(max_input=0), "max_input=0"),
+    (dict(timeout_s=0.0), "timeout_s=0.0"),
+    (dict(timeout_s=-1.0), "timeout_s=-1.0"),
+  ],
+)
+def test_a_tools_input_cap_and_timeout_must_be_positive(kwargs, refused):
+  make = lambda: tools.Tool("echo", "echoes", str, **kwargs)
+  if refused is None:
+    assert make().max_input == kwargs["max_input"]
+    return
+  with pytest.raises(ValueError, match=f"{refused} .*must be positive"):
+    make()
