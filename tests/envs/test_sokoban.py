@@ -233,19 +233,21 @@ def _actions_with_solutions(states, cols, steps, seed):
 
 
 @pytest.mark.parametrize(
-  "name, mode, symbols",
+  "name, mode, symbols, reward",
   [
-    ("sokoban", "grid", "standard"),
-    ("sokoban", "coord", "standard"),
-    ("sokoban", "grid_coord", "alternate"),
-    ("sokoban_larger", "grid", "standard"),
+    ("sokoban", "grid", "standard", "shaped"),
+    ("sokoban", "coord", "standard", "outcome"),
+    ("sokoban", "grid_coord", "alternate", "shaped"),
+    ("sokoban_larger", "grid", "standard", "outcome"),
   ],
 )
 def test_steps_match_the_python_rules_on_1024_random_episodes(
-  name, mode, symbols
+  name, mode, symbols, reward
 ):
   max_steps, steps = 30, 36
-  env = envs.make(name, render_mode=mode, symbols=symbols, max_steps=max_steps)
+  env = envs.make(
+    name, render_mode=mode, symbols=symbols, max_steps=max_steps, reward=reward
+  )
   states = to_numpy(level_pool(name))
   actions = _actions_with_solutions(states, env.cols, steps, seed=1)
   out = play(env, level_pool(name), actions)
@@ -256,9 +258,12 @@ def test_steps_match_the_python_rules_on_1024_random_episodes(
     )
     assert text(env.spec, out["pieces0"][i], out["n0"][i]) == peer.text(mode)
     for t in range(steps):
+      was_solved = peer.solved()
       want = peer.step(int(actions[i, t]))
       got = text(env.spec, out["pieces"][i, t], out["n"][i, t])
       assert got == peer.text(mode), (i, t)
+      if reward == "outcome":  # the solving step's +10 alone
+        want.reward = 10.0 if want.success and not was_solved else 0.0
       assert out["reward"][i, t] == pytest.approx(want.reward, abs=1e-6)
       for flag in ("terminated", "truncated", "success", "valid", "effective"):
         assert bool(out[flag][i, t]) == getattr(want, flag), (i, t, flag)
@@ -308,3 +313,8 @@ def test_properties_hold_for_any_level_and_action_sequence(level, actions):
     )
     assert after.steps <= max_steps
     before = after
+
+
+def test_an_unknown_reward_is_refused_by_name():
+  with pytest.raises(ValueError, match="reward='sparse'"):
+    envs.make("sokoban", reward="sparse")

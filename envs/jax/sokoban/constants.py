@@ -29,6 +29,8 @@ STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
 BOX_OFF_TARGET_PENALTY = -1.0
 SOLVED_REWARD = 10.0
+# "shaped": all of the above; "outcome": SOLVED_REWARD alone.
+REWARDS = ("shaped", "outcome")
 
 INSTRUCTIONS = (
   "You are solving the Sokoban puzzle. You are the player and you need to "

@@ -43,7 +43,9 @@ class Sokoban(core.TextEnv):
   Rewards (gym-sokoban's, kept by RAGEN): -0.1 per action, +1 when a box
   goes onto a target, -1 when one leaves a target, +10 when all boxes are
   placed. An action into a wall still costs the step penalty (and counts as
-  a step) but is not effective.
+  a step) but is not effective. ``reward="outcome"`` keeps the +10 alone:
+  no reward for progress on the way (RAGEN names such rewards a
+  stabiliser; this measures it).
   """
 
   def __init__(
@@ -55,6 +57,7 @@ class Sokoban(core.TextEnv):
     num_walkers: int = 8,
     render_mode: str = "grid",
     symbols: str = "standard",
+    reward: str = "shaped",
   ) -> None:
     """Validates the settings before anything compiles.
 
@@ -68,9 +71,16 @@ class Sokoban(core.TextEnv):
       render_mode: ``"grid"``, ``"coord"`` or ``"grid_coord"``.
       symbols: ``"standard"`` (``# _ O √ X P S``) or ``"alternate"``
         (``W . G C B A @``).
+      reward: ``"shaped"`` (gym-sokoban's) or ``"outcome"`` (the reward
+        for solving alone).
     """
     rows, cols = _room(dim_room, num_boxes)
     _check(render_mode, symbols, max_steps, search_depth, num_walkers)
+    if reward not in constants.REWARDS:
+      raise ValueError(
+        f"sokoban: reward={reward!r}; expected one of {constants.REWARDS}"
+      )
+    self.reward = reward
     self.rows, self.cols, self.num_boxes = rows, cols, num_boxes
     self.max_steps = max_steps
     self.search_depth, self.num_walkers = search_depth, num_walkers
@@ -130,12 +140,15 @@ class Sokoban(core.TextEnv):
     before = jnp.sum(state.boxes & state.targets)
     after = jnp.sum(boxes & state.targets)
     c = constants
-    reward = (
-      c.STEP_PENALTY
-      + jnp.where(after > before, c.BOX_ON_TARGET_REWARD, 0.0)
-      + jnp.where(after < before, c.BOX_OFF_TARGET_PENALTY, 0.0)
-      + jnp.where(after == self.num_boxes, c.SOLVED_REWARD, 0.0)
-    )
+    solved = jnp.where(after == self.num_boxes, c.SOLVED_REWARD, 0.0)
+    reward = solved
+    if self.reward == "shaped":
+      reward = (
+        c.STEP_PENALTY
+        + jnp.where(after > before, c.BOX_ON_TARGET_REWARD, 0.0)
+        + jnp.where(after < before, c.BOX_OFF_TARGET_PENALTY, 0.0)
+        + solved
+      )
     new_state = state.replace(
       boxes=boxes,
       player=jnp.where(move, dest, state.player),
