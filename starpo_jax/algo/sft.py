@@ -38,6 +38,13 @@ were shorter (SmolLM2-135M on FrozenLake: 26 tokens at step 1, 0 at
 step 12, every held-out reply ``<think></think><answer>...``); imitating
 only the answer left nothing holding the reasoning open.
 
+``reasoning="board"`` replaces the model's own words: each turn's reply,
+in every turn of the expert's episode, opens with reasoning the
+environment writes from the state the turn starts in and the plan
+(``env.think``: the player, the goal or the boxes, what is in the way,
+where the turn's actions lead), so every imitated token is about the
+level.
+
 In the driver the SFT steps come first (``config.sft.steps``); the RL steps
 follow from the policy they leave, with a fresh optimizer state.
 """
