@@ -3,16 +3,23 @@
   python -m starpo_jax.main --config=configs/frozen_lake.py
   python -m starpo_jax.main \\
     --config=configs/frozen_lake.py:model=qwen2.5-0.5b,ckpt=/models/Qwen2.5-0.5B-Instruct
+
+``instructions=ragen2``: RAGEN-2's system message (no example reasoning);
+``render=grid_coord`` (or ``coord``): RAGEN's coordinate observations.
 """
 
 from configs import common
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg)
+  args = common.parse_arg(arg, instructions="ragen", render="grid")
   c = common.base_config()
   c.env.name = "frozen_lake"
   c.env.kwargs.success_rate = 1.0
+  if args["instructions"] != "ragen":
+    c.env.kwargs.instructions = args["instructions"]
+  if args["render"] != "grid":
+    c.env.kwargs.render_mode = args["render"]
   common.apply_presets(c, args)
   c.rollout.max_turns = 5
   c.rollout.max_actions_per_turn = 2

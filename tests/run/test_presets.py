@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import sokoban
+from configs import frozen_lake, sokoban
 from starpo_jax.agent import rollout
 from starpo_jax.algo import filtering
 from starpo_jax.run import assembly, presets
@@ -84,3 +84,13 @@ def test_new_environment_configs_build(name, arg, env):
   cfg = setup.config.rollout
   need = rollout.context_needed(setup.codec, cfg, cfg.max_turns)
   assert need <= cfg.max_context, (need, cfg.max_context)
+
+
+def test_frozen_lakes_config_arguments_pick_ragen2s_prompt_and_coordinates():
+  plain = assembly.build(frozen_lake.get_config(None)).env.jittable
+  c = frozen_lake.get_config("instructions=ragen2,render=grid_coord")
+  env = assembly.build(c).env.jittable
+  assert "<think>" in plain.spec.instructions
+  assert "<think>" not in env.spec.instructions
+  assert "Coordinates" in "".join(env.spec.pieces)
+  assert "Coordinates" not in "".join(plain.spec.pieces)
