@@ -25,25 +25,16 @@ the random replies themselves (the answer format and what is valid).
 as a planner's would be; levels where none succeeded are left out.
 
 In think mode (a pretrained model that reasons first) each expert reply
-opens with the model's own reasoning: the first turn is sampled from the
-initial policy (the train state's ``reference``) for up to
-``reasoning_tokens`` tokens (cut before any ``</think>`` or stop token
-it wrote), then the script closes it and answers,
-``</think><answer>...</answer>``, and the whole reply is imitated. The
-warm start teaches a model that rambles to stop and answer in the
-format, while what it reasons stays the pretrained model's. Sampled from
-the policy being trained instead, the reasoning collapsed: each step's
-policy closed ``</think>`` a little sooner, so the next step's prefixes
-were shorter (SmolLM2-135M on FrozenLake: 26 tokens at step 1, 0 at
-step 12, every held-out reply ``<think></think><answer>...``); imitating
-only the answer left nothing holding the reasoning open.
-
-``reasoning="board"`` replaces the model's own words: each turn's reply,
-in every turn of the expert's episode, opens with reasoning the
-environment writes from the state the turn starts in and the plan
-(``env.think``: the player, the goal or the boxes, what is in the way,
-where the turn's actions lead), so every imitated token is about the
-level.
+opens with reasoning (``reasoning``). ``"own"``: the first turn is
+sampled from the initial policy (the train state's ``reference``) for up
+to ``reasoning_tokens`` tokens (cut before any ``</think>`` or stop
+token), then the script closes it and answers; the whole reply is
+imitated, teaching a model that rambles to stop and answer in the format.
+(Sampled from the policy being trained instead, the reasoning collapsed:
+each step closed ``</think>`` sooner, SmolLM2-135M on FrozenLake from 26
+tokens at step 1 to 0 at step 12.) ``"board"``: every turn's reply opens
+with reasoning the environment writes from its state and the plan
+(``env.think``).
 
 In the driver the SFT steps come first (``config.sft.steps``); the RL steps
 follow from the policy they leave, with a fresh optimizer state.
