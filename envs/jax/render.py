@@ -156,10 +156,12 @@ class BoardText:
       max_listed: most ``(r, c)`` entries a coord render lists in total.
     """
     self.rows, self.cols, self.mode = rows, cols, mode
+    self.table = table
     self.symbol_ids = table.add_all(symbols)
     self.newline = table.add("\n")
     self.grid_pieces = rows * (cols + 1) - 1
     self.max_pieces = self.grid_pieces
+    self.max_listed = max_listed
     if mode == "grid":
       return
     self.coords = CoordPieces(table, rows, cols)
@@ -173,6 +175,29 @@ class BoardText:
       self.coord_title = table.add("Coordinates: \n")
       self.grid_title = table.add("\nGrid Map: \n")
       self.max_pieces += 2 + self.grid_pieces
+
+  def piece_limits(self) -> tuple[int, ...]:
+    """The most times each piece of the table appears in one render, for
+    ``EnvSpec.piece_limits`` (so a tokenizer's observation budget counts a
+    long header once, not in every slot); the table holds this render's
+    pieces only."""
+    counts = np.zeros(len(self.table.pieces), np.int64)
+
+    def add(ids, times: int) -> None:
+      counts[np.unique(np.asarray(ids))] += times
+
+    if self.mode != "coord":
+      add(self.symbol_ids, self.rows * self.cols)
+      add([self.newline], self.rows - 1)
+    if self.mode != "grid":
+      listed, width = self.max_listed, self.coords.width
+      np.add.at(counts, np.asarray([self.header, *self.labels]), 1)
+      add(self.coords.digits, 2 * width * listed)
+      add([self.coords.open, self.coords.close], listed)
+      add([self.coords.comma], 2 * listed)
+    if self.mode == "grid_coord":
+      add([self.coord_title, self.grid_title], 1)
+    return tuple(int(c) for c in counts)
 
   def grid(self, kinds: jax.Array) -> jax.Array:
     """Cell kinds ``[rows * cols]`` -> grid piece ids ``[grid_pieces]``."""

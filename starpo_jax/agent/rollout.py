@@ -127,6 +127,19 @@ def reset_key(key: jax.Array) -> jax.Array:
   return jax.random.split(key)[0]
 
 
+def check_context(codec: Codec, cfg: RolloutConfig) -> None:
+  """Raises ValueError unless ``cfg.max_context`` holds the system prompt
+  and one turn's prompt chunk with the first token of its reply."""
+  system = len(codec.fragments.system)
+  chunk = codec.turn_chunk_size(cfg.max_turns, cfg.max_actions_per_traj)
+  if system + chunk + 1 > cfg.max_context:
+    raise ValueError(
+      f"rollout: max_context={cfg.max_context} is too small: the system "
+      f"prompt ({system} tokens) and one turn (up to {chunk} + 1 tokens) "
+      f"need {system + chunk + 1}"
+    )
+
+
 def _start(
   model: Policy,
   codec: Codec,
@@ -143,13 +156,8 @@ def _start(
   # Buffers and cache get `chunk` slack so a chunk written near the end of
   # the context never clamps onto earlier tokens.
   width = length + chunk
+  check_context(codec, cfg)
   system = jnp.asarray(codec.fragments.system, jnp.int32)
-  if system.shape[0] + chunk + 1 > length:
-    raise ValueError(
-      f"rollout: max_context={length} is too small: the system prompt "
-      f"({system.shape[0]} tokens) and one turn (up to {chunk} + 1 tokens) "
-      f"need {system.shape[0] + chunk + 1}"
-    )
   if cfg.share_prefix:
     _, cache = model.hidden(system[None], model.init_cache(1, width))
     cache = cache.broadcast(b)

@@ -74,6 +74,13 @@ def run(module: str, workdir, *argv: str, debug: bool = False):
       ["--config=configs/sokoban.py", "--config.env.name=sokobn"],
       "unknown environment 'sokobn' (did you mean 'sokoban'?)",
     ),
+    # A context that cannot hold the system prompt and one turn, found
+    # before anything compiles.
+    (
+      ["--config=configs/sokoban.py", "--config.rollout.max_context=58"],
+      "config.rollout: max_context=58 is too small: the system prompt "
+      "(6 tokens) and one turn (up to 52 + 1 tokens) need 59",
+    ),
     # A value of the wrong type, an unknown flag, a stray argument.
     (
       ["--config=configs/sokoban.py", "--config.rollout.group_size=abc"],

@@ -92,6 +92,7 @@ class FrozenLake(core.TextEnv):
       legend=tuple(zip(constants.SYMBOLS, constants.KIND_NAMES, strict=True)),
       list_actions=True,
       max_obs_pieces=self._text.max_pieces,
+      piece_limits=self._text.piece_limits(),
       max_steps=max_steps,
     )
 

@@ -97,6 +97,7 @@ class Sokoban(core.TextEnv):
       legend=tuple(zip(symbol_strings, constants.KIND_NAMES, strict=True)),
       list_actions=True,
       max_obs_pieces=self._text.max_pieces,
+      piece_limits=self._text.piece_limits(),
       max_steps=max_steps,
     )
     self._deltas = jnp.asarray(

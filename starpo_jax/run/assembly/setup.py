@@ -15,6 +15,7 @@ from starpo_jax import sharding
 from starpo_jax.agent import codec as codec_lib
 from starpo_jax.agent import mixture
 from starpo_jax.agent import prompt as prompt_lib
+from starpo_jax.agent import rollout as rollout_lib
 from starpo_jax.algo import sft
 from starpo_jax.algo.experts import Replies
 from starpo_jax.models import checkpoints
@@ -79,6 +80,12 @@ def build(config: Any, shapes_only: bool = False, devices: Any = None) -> Setup:
   except ValueError as e:
     raise ConfigError(str(e)) from None
   _check_warm_start(run, env, tok, codec)
+  eval_codecs = {n: codec_of(e) for n, e in eval_envs.items()}
+  for c in (*mixture.part_codecs(codec), *eval_codecs.values()):
+    try:
+      rollout_lib.check_context(c, run.rollout)
+    except ValueError as e:
+      raise ConfigError(f"config.{e}") from None
   return Setup(
     config=run,
     env=env,
@@ -87,7 +94,7 @@ def build(config: Any, shapes_only: bool = False, devices: Any = None) -> Setup:
     model_cfg=model_cfg,
     ckpt=ckpt,
     codec=codec,
-    eval_codecs={n: codec_of(e) for n, e in eval_envs.items()},
+    eval_codecs=eval_codecs,
     mesh=mesh,
     eval_settings=eval_settings(run.env),
   )
