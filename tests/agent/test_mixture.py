@@ -47,13 +47,26 @@ def built():
   return setup, learner, state
 
 
-def test_a_mixture_plays_each_environment_as_its_own_rollout(built):
-  setup, learner, state = built
+@pytest.fixture(scope="module")
+def first_rollout(built):
+  """The first step's rollout of a fresh state, replayed with its key
+  (``step_keys``): what the step plays first, as numpy."""
+  setup, learner, _ = built
+  state = assembly.init_state(setup, learner)
+  spec = assembly.step_spec(setup, learner)
+  key = step_keys(state)[0]
+  traj = collect(spec, state, setup.codec, key)
+  return jax.tree.map(np.asarray, traj), key, state
+
+
+def test_a_mixture_plays_each_environment_as_its_own_rollout(
+  built, first_rollout
+):
+  setup, learner, _ = built
+  mixed, key, state = first_rollout  # mixture.play's, as the step plays it
   mix, cfg = setup.env, setup.config.rollout
   assert mix.tags == ("frozen_lake", "gym", "sokoban")  # the tags' order
   model = nnx.merge(learner.policy_def, state.policy)
-  key = jax.random.key(3)
-  mixed = mixture.play(model, setup.codec, mix, cfg, key)
   rows = mix.rows(cfg.group_size)
   assert [r[1:] for r in rows] == [(0, 2), (2, 4), (4, 8)]
   for i, ((tag, start, stop), part) in enumerate(
@@ -79,16 +92,13 @@ def test_a_mixture_plays_each_environment_as_its_own_rollout(built):
     assert ("#" in text) == (tag != "frozen_lake"), (tag, text)
 
 
-def test_per_environment_metrics_count_each_parts_episodes(built):
+def test_per_environment_metrics_count_each_parts_episodes(
+  built, first_rollout
+):
   setup, learner, state = built
   step = assembly.compile_step(setup, state, learner)
   codec = setup.codec
-  # The first step's rollout, replayed with its key (``step_keys``).
-  first = jax.tree.map(jnp.copy, state)
-  spec = assembly.step_spec(setup, learner)
-  traj = jax.tree.map(
-    np.asarray, collect(spec, first, codec, step_keys(first)[0])
-  )
+  traj = first_rollout[0]
   state, metrics = step(state, codec)
   before = step._cache_size()
   step(state, codec)
@@ -195,7 +205,9 @@ def test_the_benchmarks_parts_are_the_mixtures_parts_alone():
     bench.parts(parts["sokoban"])
 
 
-def test_the_filter_by_part_keeps_each_environments_share(built):
+def test_the_filter_by_part_keeps_each_environments_share(
+  built, first_rollout
+):
   """By default the filter ranks every group together (RAGEN); with
   ``filter.by_part`` each part keeps its own top groups."""
   from starpo_jax.algo import step as step_lib
@@ -204,15 +216,14 @@ def test_the_filter_by_part_keeps_each_environments_share(built):
   # A state of its own: the step test donates the fixture's.
   state = assembly.init_state(setup, learner)
   spec = assembly.step_spec(setup, learner)
-  key = step_keys(state)[0]
+  traj = jax.tree.map(jnp.asarray, first_rollout[0])
   kept = {}
   for by_part in (False, True):
     s = dataclasses.replace(
       spec, filter=dataclasses.replace(spec.filter, by_part=by_part)
     )
-    p = jax.tree.map(
-      np.asarray, step_lib.prepare(s, state, setup.codec, key).selection
-    )
+    prepared = step_lib.prepare_batch(s, state, setup.codec, traj)
+    p = jax.tree.map(np.asarray, prepared.selection)
     kept[by_part] = list(p.keep_group)
     scores = [float(x) for x in p.group_scores]
   # Plain Python: top_k 0.25 keeps max(1, int(0.25 n)) of n groups, the
