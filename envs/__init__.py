@@ -24,6 +24,7 @@ from envs.core import Answer, Env, EnvSpec, TimeStep, check_kwargs, to_text
 from envs.host import HostEnv, HostSpec
 from envs.host.gym_sokoban import gym_sokoban
 from envs.host.gymnasium_text import gymnasium_text
+from envs.host.textarena import textarena_game
 from envs.jax.bandit import Bandit
 from envs.jax.countdown import Countdown
 from envs.jax.frozen_lake import FrozenLake
@@ -49,6 +50,8 @@ REGISTRY: dict[str, tuple[Any, dict[str, Any]]] = {
   "gym_sokoban": (gym_sokoban, {}),
   # Any gymnasium environment that speaks text (envs/host/gymnasium_text.py).
   "gymnasium": (gymnasium_text, {}),
+  # TextArena's single-player games (envs/host/textarena.py).
+  "textarena": (textarena_game, {}),
   # Jumanji's puzzles as text environments (envs/jax/jumanji_text.py).
   **{game: (JumanjiText, {"game": game}) for game in GAMES},
 }

@@ -205,9 +205,7 @@ def test_the_benchmarks_parts_are_the_mixtures_parts_alone():
     bench.parts(parts["sokoban"])
 
 
-def test_the_filter_by_part_keeps_each_environments_share(
-  built, first_rollout
-):
+def test_the_filter_by_part_keeps_each_environments_share(built, first_rollout):
   """By default the filter ranks every group together (RAGEN); with
   ``filter.by_part`` each part keeps its own top groups."""
   from starpo_jax.algo import step as step_lib
