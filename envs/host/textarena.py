@@ -25,6 +25,7 @@ from __future__ import annotations
 import difflib
 import functools
 import random
+import re
 from typing import Any
 
 from envs import tools as tools_lib
@@ -106,8 +107,8 @@ def textarena_game(
     **kwargs: the game's own arguments (``num_holes=3``, ...).
 
   Raises:
-    ValueError: no game, an unknown or two-player game, or an
-      ``action_format`` without ``{}``.
+    ValueError: no game, an unknown or two-player game, a game whose data
+      is not here, or an ``action_format`` without ``{}``.
   """
   _check(game, action_format, kwargs)
   names = tuple(a.strip() for a in actions.split(",") if a.strip())
@@ -144,9 +145,17 @@ def _check(game: str, action_format: str, kwargs: dict[str, Any]) -> None:
       f"textarena: action_format={action_format!r} needs {{}} where the "
       "answer goes"
     )
-  probe = textarena.make(f"{game}-raw", **kwargs)
   try:
-    probe.reset(num_players=1, seed=0)
+    textarena.make(f"{game}-raw", **kwargs).reset(num_players=1, seed=0)
+  except LookupError as e:
+    # nltk's corpora: TextArena's word games download them as they load.
+    found = re.search(r"Resource\W+(\w+)", str(e))
+    data = f"nltk's {found.group(1)!r}" if found else "its data"
+    raise ValueError(
+      f"textarena: {game} needs {data}, which it downloads as it loads and "
+      "is not on this machine: install it with nltk.download where there is "
+      "a network, or pick another game"
+    ) from None
   except AssertionError as e:
     raise ValueError(
       f"textarena: {game} is not a single-player game ({e})"
