@@ -14,8 +14,9 @@ first invalid move is answered with a message (``valid`` false), the
 next ends the game.
 
 TextArena games draw from Python's global ``random``; each episode keeps
-its own stream (saved and restored around its calls), so episodes stepped
-side by side play as each would alone from its seed.
+its own stream (saved and restored around its calls, one episode at a
+time across the bridge's threads), so episodes stepped side by side play as
+each would alone from its seed.
 
   envs.make("textarena", game="FrozenLake-v0", actions="up,down,left,right")
 """
@@ -26,10 +27,15 @@ import difflib
 import functools
 import random
 import re
+import threading
 from typing import Any
 
 from envs import tools as tools_lib
 from envs.host import HostSpec
+
+# The bridge steps episodes in threads: one at a time holds the global
+# stream.
+_STREAM = threading.Lock()
 
 
 class TextArenaGame:
@@ -46,14 +52,15 @@ class TextArenaGame:
   def _own_stream(self, fn, *args: Any) -> Any:
     """``fn(*args)`` with this episode's ``random`` state, the caller's
     put back after."""
-    outer = random.getstate()
-    if self.stream is not None:
-      random.setstate(self.stream)
-    try:
-      return fn(*args)
-    finally:
-      self.stream = random.getstate()
-      random.setstate(outer)
+    with _STREAM:
+      outer = random.getstate()
+      if self.stream is not None:
+        random.setstate(self.stream)
+      try:
+        return fn(*args)
+      finally:
+        self.stream = random.getstate()
+        random.setstate(outer)
 
   def _observation(self) -> str:
     _, messages = self.env.get_observation()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sys
 
 import jax
 import numpy as np
@@ -178,3 +179,35 @@ def test_a_game_played_through_the_compiled_rollout_keeps_its_rewards():
   )
   shown = tok.decode(traj.tokens[0, : traj.length[0]])
   assert "Welcome to Frozen Lake!" in shown and "Current Board:" in shown
+
+
+def test_episodes_in_the_bridges_threads_play_as_each_alone():
+  # The bridge steps each episode's turn in a thread of its own; with the
+  # interpreter switching threads every microsecond, the streams of
+  # episodes laying their mines at once would mix without one at a time.
+  spec = envs.make("textarena", game="Minesweeper-v0-hard", max_obs_tokens=4096)
+  encode = lambda text: list(text.encode())
+  slots = envs.batched(spec).bind(encode).slots
+  b, move = 48, b"5 5"
+  slots.reset(0, np.arange(b), None)
+  answers = np.tile(np.frombuffer(move, np.uint8), (b, 1))
+  previous = sys.getswitchinterval()
+  sys.setswitchinterval(1e-6)
+  try:
+    out = slots.act(
+      0,
+      np.zeros((b, 1), np.int32),
+      answers,
+      np.full((b,), len(move)),
+      np.ones((b,), bool),
+      np.zeros((b,), np.int32),
+      1,
+    )
+  finally:
+    sys.setswitchinterval(previous)
+  for seed in range(b):
+    alone = spec.make()
+    alone.reset(seed)
+    want = encode(alone.step(move.decode())[0])
+    assert out["length"][seed] == len(want)
+    assert out["obs"][seed, : len(want)].tolist() == want, seed
